@@ -1,0 +1,29 @@
+# One-command set-up on a fresh machine (Python 3.11, pip and make only).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: train test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+## train: PPO on gymnax CartPole-v1 until episode_reward_mean >= 475 (results in runs/)
+train: $(STAMP)
+	$(BIN)/jaxplan train ppo --env CartPole-v1 --stop-reward 475 --output runs/ppo-cartpole
+
+## test: the whole test suite (what CI runs)
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/solve.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,48 @@
+"""Sample batches: dicts of arrays with one leading row axis, grouped per policy.
+
+Field names follow RLlib's `SampleBatch`. A batch that flows through a plan is always a
+`MultiAgentBatch` (a single-agent env has one policy, `DEFAULT_POLICY_ID`), so every stage
+handles one shape of data.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import struct
+
+DEFAULT_POLICY_ID = "default_policy"
+
+OBS = "obs"
+NEXT_OBS = "new_obs"
+ACTIONS = "actions"
+REWARDS = "rewards"
+TERMINATEDS = "terminateds"
+TRUNCATEDS = "truncateds"
+ACTION_LOGP = "action_logp"
+ACTION_DIST_INPUTS = "action_dist_inputs"
+VF_PREDS = "vf_preds"
+ADVANTAGES = "advantages"
+VALUE_TARGETS = "value_targets"
+
+SampleBatch = dict[str, jax.Array]
+"""Field name -> array `[rows, ...]`; all fields have the same number of rows."""
+
+
+def batch_rows(batch: SampleBatch) -> int:
+    """Number of rows (static)."""
+    return next(iter(batch.values())).shape[0]
+
+
+@struct.dataclass
+class MultiAgentBatch:
+    """Per-policy sample batches plus the number of env steps they came from (static).
+
+    `env_steps` is what RLlib counts as `env_steps()`: several agents acting in one env step
+    count once; `agent_steps()` is the total number of rows over all policies.
+    """
+
+    policy_batches: dict[str, SampleBatch]
+    env_steps: int = struct.field(pytree_node=False)
+
+    def agent_steps(self) -> int:
+        return sum(batch_rows(b) for b in self.policy_batches.values())

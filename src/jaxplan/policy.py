@@ -1,0 +1,48 @@
+"""The policy contract that plan stages rely on, and the per-policy state they update.
+
+A policy object is static (networks, distribution, fixed options); everything that changes
+or may be `vmap`ped over lives in `PolicyState`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+from flax import struct
+
+from jaxplan.batch import SampleBatch
+
+
+@struct.dataclass
+class PolicyState:
+    """Params, optimizer state, traced hyper-parameters and the adaptive KL coefficient."""
+
+    params: Any
+    opt_state: Any
+    hparams: Any
+    kl_coeff: jax.Array
+
+
+class Policy(Protocol):
+    """What ParallelRollouts and TrainOneStep need from a policy."""
+
+    def init(self, key: jax.Array, hparams: Any) -> PolicyState:
+        """Fresh params and optimizer state."""
+
+    def compute_actions(
+        self, params: Any, obs: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`obs [*B, *obs_shape] -> (actions [*B, ...], extras)`; extras hold the fields a loss
+        needs later (`action_logp [*B]`, `action_dist_inputs [*B, D]`)."""
+
+    def postprocess_trajectory(self, params: Any, hparams: Any, traj: SampleBatch) -> SampleBatch:
+        """Adds `vf_preds`, `advantages`, `value_targets` to a time-major trajectory `[T, *B]`."""
+
+    def loss(
+        self, params: Any, hparams: Any, kl_coeff: jax.Array, batch: SampleBatch
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Scalar loss on a minibatch and its learner statistics (scalars)."""
+
+    def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:
+        """One optimizer step."""

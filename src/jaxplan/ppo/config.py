@@ -1,0 +1,342 @@
+"""PPO configuration: RLlib's keys and defaults, validated, with tuned presets per task.
+
+`PPOConfig` is static (frozen, hashable parts decide shapes); the hyper-parameters that may be
+traced (and so `vmap`ped over) are copied into `PPOHParams` inside `PlanState`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+from flax import struct
+
+from jaxplan.models import ACTIVATIONS
+from jaxplan.stages.concat_batches import COUNT_STEPS_BY
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    fcnet_hiddens: tuple[int, ...] = (256, 256)
+    fcnet_activation: str = "tanh"
+    vf_share_layers: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentConfig:
+    count_steps_by: str = "env_steps"
+    policies_to_train: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """RLlib PPO's configuration keys with RLlib's defaults (`lambda` is spelled `lambda_`)."""
+
+    env: str = "CartPole-v1"
+    env_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    num_workers: int = 2
+    num_envs_per_worker: int = 1
+    rollout_fragment_length: int = 200
+    train_batch_size: int = 4000
+    sgd_minibatch_size: int = 128
+    num_sgd_iter: int = 30
+    shuffle_sequences: bool = True
+    lr: float = 5e-5
+    gamma: float = 0.99
+    lambda_: float = 1.0
+    kl_coeff: float = 0.2
+    kl_target: float = 0.01
+    clip_param: float = 0.3
+    vf_clip_param: float = 10.0
+    vf_loss_coeff: float = 1.0
+    entropy_coeff: float = 0.0
+    grad_clip: float | None = None
+    normalize_actions: bool = True
+    metrics_smoothing_episodes: int = 100
+    model: ModelConfig = ModelConfig()
+    multiagent: MultiAgentConfig = MultiAgentConfig()
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, overrides: Mapping[str, Any]) -> PPOConfig:
+        """RLlib-style dict (nested `model`/`multiagent`, or dotted keys) -> validated config."""
+        return cls().updated(overrides)
+
+    def updated(self, overrides: Mapping[str, Any]) -> PPOConfig:
+        """A validated copy with `overrides` applied; unknown keys raise `ValueError` naming the
+        nearest valid key."""
+        return _apply(self, _nest(overrides), prefix="").validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """RLlib-style nested dict (`lambda`, lists for tuples)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                v = {g.name: _plain(getattr(v, g.name)) for g in dataclasses.fields(v)}
+            out[_key(f.name)] = _plain(v)
+        return out
+
+    # ---- validation ---------------------------------------------------------------------
+    def validate(self) -> PPOConfig:
+        """Raises `ValueError` naming the offending key; returns `self`."""
+
+        def check(ok: bool, key: str, msg: str):
+            if not ok:
+                raise ValueError(f"config[{key!r}] = {_lookup(self, key)!r}: {msg}")
+
+        for key in (
+            "num_envs_per_worker",
+            "rollout_fragment_length",
+            "train_batch_size",
+            "num_sgd_iter",
+            "metrics_smoothing_episodes",
+        ):
+            check(getattr(self, key) >= 1, key, "must be >= 1")
+        check(self.num_workers >= 0, "num_workers", "must be >= 0 (0 = sample on one local group)")
+        check(self.sgd_minibatch_size >= 0, "sgd_minibatch_size", "must be >= 0 (0 = whole batch)")
+        check(
+            self.sgd_minibatch_size <= self.train_batch_size,
+            "sgd_minibatch_size",
+            f"must be <= train_batch_size ({self.train_batch_size})",
+        )
+        check(self.lr > 0, "lr", "must be > 0")
+        check(0.0 <= self.gamma <= 1.0, "gamma", "must be in [0, 1]")
+        check(0.0 <= self.lambda_ <= 1.0, "lambda", "must be in [0, 1]")
+        check(self.kl_coeff >= 0, "kl_coeff", "must be >= 0 (0 disables the KL loss term)")
+        check(self.kl_target > 0, "kl_target", "must be > 0")
+        check(self.clip_param > 0, "clip_param", "must be > 0")
+        check(self.vf_clip_param > 0, "vf_clip_param", "must be > 0")
+        check(self.vf_loss_coeff >= 0, "vf_loss_coeff", "must be >= 0")
+        check(self.entropy_coeff >= 0, "entropy_coeff", "must be >= 0")
+        check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", "must be > 0 or None")
+        check(
+            len(self.model.fcnet_hiddens) >= 1 and all(h >= 1 for h in self.model.fcnet_hiddens),
+            "model.fcnet_hiddens",
+            "must be a non-empty list of positive layer widths",
+        )
+        check(
+            self.model.fcnet_activation in ACTIVATIONS,
+            "model.fcnet_activation",
+            f"must be one of {sorted(ACTIVATIONS)}",
+        )
+        check(
+            self.multiagent.count_steps_by in COUNT_STEPS_BY,
+            "multiagent.count_steps_by",
+            f"must be one of {list(COUNT_STEPS_BY)}",
+        )
+        check(
+            self.multiagent.count_steps_by == "env_steps",
+            "multiagent.count_steps_by",
+            "'agent_steps' needs a multi-agent env; this env is single-agent",
+        )
+        return self
+
+
+@struct.dataclass
+class PPOHParams:
+    """PPO hyper-parameters that live in `PlanState` as traced scalars (vmap-able)."""
+
+    lr: jnp.ndarray
+    gamma: jnp.ndarray
+    lambda_: jnp.ndarray
+    clip_param: jnp.ndarray
+    vf_clip_param: jnp.ndarray
+    vf_loss_coeff: jnp.ndarray
+    entropy_coeff: jnp.ndarray
+    kl_target: jnp.ndarray
+
+    @classmethod
+    def from_config(cls, config: PPOConfig) -> PPOHParams:
+        return cls(
+            **{f.name: jnp.float32(getattr(config, f.name)) for f in dataclasses.fields(cls)}
+        )
+
+
+# Tuned presets: `jaxplan train ppo --env NAME` starts from these (on top of RLlib's defaults).
+_SMALL_FAST = dict(
+    num_workers=4,
+    num_envs_per_worker=4,
+    kl_coeff=0.0,
+    clip_param=0.2,
+    grad_clip=0.5,
+    model={"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
+)
+PRESETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(
+        _SMALL_FAST,
+        rollout_fragment_length=32,
+        train_batch_size=512,
+        sgd_minibatch_size=128,
+        num_sgd_iter=8,
+        lr=2.5e-3,
+        gamma=0.99,
+        lambda_=0.95,
+        vf_clip_param=10.0,
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.0,
+    ),
+    "Acrobot-v1": dict(
+        _SMALL_FAST,
+        rollout_fragment_length=64,
+        train_batch_size=1024,
+        sgd_minibatch_size=256,
+        num_sgd_iter=4,
+        lr=2.5e-3,
+        lambda_=0.95,
+        entropy_coeff=0.01,
+        vf_loss_coeff=0.5,
+        vf_clip_param=100.0,
+    ),
+    "Pendulum-v1": dict(
+        _SMALL_FAST,
+        num_envs_per_worker=8,
+        rollout_fragment_length=64,
+        train_batch_size=2048,
+        sgd_minibatch_size=256,
+        num_sgd_iter=10,
+        lr=1e-3,
+        gamma=0.95,
+        lambda_=0.95,
+        vf_clip_param=2000.0,
+        vf_loss_coeff=0.5,
+    ),
+}
+for _name in ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "SpaceInvaders-MinAtar"):
+    PRESETS[_name] = dict(
+        num_workers=8,
+        num_envs_per_worker=8,
+        rollout_fragment_length=128,
+        train_batch_size=8192,
+        sgd_minibatch_size=1024,
+        num_sgd_iter=4,
+        lr=5e-4,
+        kl_coeff=0.0,
+        clip_param=0.2,
+        grad_clip=0.5,
+        lambda_=0.95,
+        entropy_coeff=0.01,
+        vf_loss_coeff=0.5,
+        vf_clip_param=100.0,
+        model={"fcnet_hiddens": [256, 256], "fcnet_activation": "relu"},
+    )
+
+
+def preset_config(env: str, overrides: Mapping[str, Any] | None = None) -> PPOConfig:
+    """RLlib defaults, then the tuned preset for `env` (if any), then `overrides`."""
+    preset = {_key(k): v for k, v in PRESETS.get(env, {}).items()}
+    return PPOConfig().updated({**preset, "env": env}).updated(overrides or {})
+
+
+# ---- helpers ------------------------------------------------------------------------------
+_ALIASES = {"lambda": "lambda_"}
+
+
+def _key(field_name: str) -> str:
+    return "lambda" if field_name == "lambda_" else field_name
+
+
+def _plain(v):
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, Mapping):
+        return dict(v)
+    return v
+
+
+def _lookup(config, dotted: str):
+    obj = config
+    for part in dotted.split("."):
+        obj = getattr(obj, _ALIASES.get(part, part))
+    return obj
+
+
+def _nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"model.fcnet_hiddens": x}` -> `{"model": {"fcnet_hiddens": x}}` (merging)."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if not isinstance(key, str):
+            raise ValueError(f"config keys must be strings, got {key!r}")
+        head, _, rest = key.partition(".")
+        if rest:
+            value = _nest({rest: value})
+        if isinstance(value, Mapping) and isinstance(out.get(head), dict):
+            out[head] = {**out[head], **value}
+        else:
+            out[head] = (
+                dict(value) if isinstance(value, Mapping) and head != "env_config" else value
+            )
+    return out
+
+
+def _apply(obj, overrides: dict[str, Any], prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    valid = sorted(_key(n) for n in fields)
+    changes = {}
+    for key, value in overrides.items():
+        name = _ALIASES.get(key, key)
+        full = prefix + key
+        if name not in fields:
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else "."
+            where = f" under {prefix[:-1]!r}" if prefix else ""
+            raise ValueError(
+                f"Unknown config key {full!r}{hint} Valid keys{where}: " + ", ".join(valid)
+            )
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"config[{full!r}] must be a dict, got {value!r}")
+            changes[name] = _apply(current, dict(value), prefix=full + ".")
+        else:
+            changes[name] = _coerce(full, value, fields[name].type, current)
+    return dataclasses.replace(obj, **changes)
+
+
+def _coerce(key: str, value: Any, annotation: str, current: Any):
+    """Checks `value` against the field's annotation (a string under `from __future__`)."""
+
+    def bad(expected: str):
+        return ValueError(f"config[{key!r}] = {value!r}: expected {expected}")
+
+    optional = "None" in annotation
+    if value is None:
+        if optional:
+            return None
+        raise bad(annotation)
+    if annotation.startswith("bool"):
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if annotation.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise bad("an integer")
+        return value
+    if annotation.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad("a number")
+        return float(value)
+    if annotation.startswith("str"):
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if annotation.startswith("tuple[int"):
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise bad("a list of integers")
+        return tuple(value)
+    if annotation.startswith("tuple[str"):
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise bad("a list of strings")
+        return tuple(value)
+    if annotation.startswith("Mapping"):
+        if not isinstance(value, Mapping):
+            raise bad("a dict")
+        return dict(value)
+    raise AssertionError(f"unhandled config annotation {annotation!r} for {key}")

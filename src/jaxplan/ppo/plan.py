@@ -1,0 +1,78 @@
+"""PPO's execution plan, line for line as RLlib writes it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxplan.batch import DEFAULT_POLICY_ID
+from jaxplan.envs import Env
+from jaxplan.flow import Plan
+from jaxplan.ppo.config import PPOConfig, preset_config
+from jaxplan.ppo.policy import PPOPolicy
+from jaxplan.stages import (
+    ConcatBatches,
+    ParallelRollouts,
+    SelectExperiences,
+    StandardizeFields,
+    StandardMetricsReporting,
+    TrainOneStep,
+    UpdateKL,
+    warn_about_bad_reward_scales,
+)
+from jaxplan.workers import WorkerSet
+
+
+def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
+    """PPO: sample, select trainable policies, build the train batch, standardize advantages,
+    SGD, adapt the KL coefficient, report."""
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    rollouts = rollouts.for_each(SelectExperiences(workers.trainable_policies()))
+    rollouts = rollouts.combine(
+        ConcatBatches(
+            min_batch_size=config.train_batch_size, count_steps_by=config.multiagent.count_steps_by
+        )
+    )
+    rollouts = rollouts.for_each(StandardizeFields(["advantages"]))
+    train_op = rollouts.for_each(
+        TrainOneStep(
+            workers,
+            num_sgd_iter=config.num_sgd_iter,
+            sgd_minibatch_size=config.sgd_minibatch_size,
+            shuffle_sequences=config.shuffle_sequences,
+        )
+    )
+    train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL(workers))
+    return StandardMetricsReporting(train_op, workers, config).for_each(
+        lambda result: warn_about_bad_reward_scales(config, result)
+    )
+
+
+def build_workers(config: PPOConfig) -> WorkerSet:
+    """The env and one PPO policy per policy id, as a `WorkerSet`."""
+    env = Env(config.env, **config.env_config)
+    policy = PPOPolicy(env.observation_shape, env.action_space, config)
+    return WorkerSet(
+        env,
+        {DEFAULT_POLICY_ID: policy},
+        num_workers=config.num_workers,
+        num_envs_per_worker=config.num_envs_per_worker,
+        rollout_fragment_length=config.rollout_fragment_length,
+        policies_to_train=config.multiagent.policies_to_train,
+        normalize_actions=config.normalize_actions,
+        metrics_smoothing_episodes=config.metrics_smoothing_episodes,
+    )
+
+
+def ppo_plan(
+    config: PPOConfig | Mapping[str, Any] | None = None, *, env: str | None = None
+) -> Plan:
+    """The PPO plan for a config (a `PPOConfig`, or an RLlib-style dict applied on top of the
+    tuned preset for its env). `ppo_plan(env="CartPole-v1")` uses that env's preset."""
+    if not isinstance(config, PPOConfig):
+        overrides = dict(config or {})
+        name = env or overrides.get("env", PPOConfig.env)
+        config = preset_config(name, overrides)
+    elif env is not None and env != config.env:
+        config = config.updated({"env": env})
+    return execution_plan(build_workers(config), config)

@@ -1,0 +1,100 @@
+"""PPOPolicy: actor-critic model, action distribution, GAE postprocessing and the PPO loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxplan import batch as sb
+from jaxplan.distributions import distribution_for
+from jaxplan.envs import ActionSpace
+from jaxplan.gae import compute_gae
+from jaxplan.models import ActorCritic
+from jaxplan.policy import PolicyState
+from jaxplan.ppo.config import PPOConfig, PPOHParams
+from jaxplan.ppo.loss import ppo_loss
+
+
+class PPOPolicy:
+    """Implements `jaxplan.policy.Policy` for PPO (static: shapes and fixed options only)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: ActionSpace, config: PPOConfig):
+        self.obs_shape = tuple(obs_shape)
+        self.dist = distribution_for(action_space)
+        self.config = config
+        self.model = ActorCritic(
+            hiddens=tuple(config.model.fcnet_hiddens),
+            activation=config.model.fcnet_activation,
+            num_outputs=self.dist.num_inputs,
+            obs_ndim=len(self.obs_shape),
+            share_layers=config.model.vf_share_layers,
+        )
+        self.use_kl_loss = config.kl_coeff > 0
+        # Adam without its learning rate: the (traced) lr is applied in `apply_gradients`.
+        clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else optax.identity()
+        self.tx = optax.chain(clip, optax.scale_by_adam(eps=1e-8))
+
+    def init(self, key: jax.Array, hparams: PPOHParams | None = None) -> PolicyState:
+        params = self.model.init(key, jnp.zeros((1, *self.obs_shape), jnp.float32))
+        return PolicyState(
+            params=params,
+            opt_state=self.tx.init(params),
+            hparams=PPOHParams.from_config(self.config) if hparams is None else hparams,
+            kl_coeff=jnp.float32(self.config.kl_coeff),
+        )
+
+    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array):
+        inputs = self.model.apply(params, obs, method=ActorCritic.policy)
+        actions = self.dist.sample(key, inputs)
+        extras = {
+            sb.ACTION_LOGP: self.dist.log_prob(inputs, actions),
+            sb.ACTION_DIST_INPUTS: inputs,
+        }
+        return actions, extras
+
+    def postprocess_trajectory(self, params: Any, hparams: PPOHParams, traj: sb.SampleBatch):
+        """Values of every observation and of every reached observation in one batched critic
+        call, then truncation-correct GAE over the time axis."""
+        obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
+        values = self.model.apply(params, obs_and_next, method=ActorCritic.value)
+        vf_preds, next_values = jnp.split(values, 2, axis=0)
+        advantages, value_targets = compute_gae(
+            traj[sb.REWARDS],
+            vf_preds,
+            next_values,
+            traj[sb.TERMINATEDS],
+            traj[sb.TRUNCATEDS],
+            hparams.gamma,
+            hparams.lambda_,
+        )
+        return {
+            **traj,
+            sb.VF_PREDS: vf_preds,
+            sb.ADVANTAGES: advantages,
+            sb.VALUE_TARGETS: value_targets,
+        }
+
+    def loss(self, params: Any, hparams: PPOHParams, kl_coeff: jax.Array, batch: sb.SampleBatch):
+        inputs, values = self.model.apply(params, batch[sb.OBS])
+        return ppo_loss(
+            logp=self.dist.log_prob(inputs, batch[sb.ACTIONS]),
+            old_logp=batch[sb.ACTION_LOGP],
+            advantages=batch[sb.ADVANTAGES],
+            kl=self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs),
+            entropy=self.dist.entropy(inputs),
+            values=values,
+            vf_preds=batch[sb.VF_PREDS],
+            value_targets=batch[sb.VALUE_TARGETS],
+            hparams=hparams,
+            kl_coeff=kl_coeff,
+            use_kl_loss=self.use_kl_loss,
+        )
+
+    def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        lr = state.hparams.lr
+        params = jax.tree.map(lambda p, u: p - lr * u, state.params, updates)
+        return state.replace(params=params, opt_state=opt_state)

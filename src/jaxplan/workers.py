@@ -1,0 +1,175 @@
+"""The functional WorkerSet: a static description of actors and policies, and `PlanState`,
+the one pytree that holds everything a plan changes.
+
+RLlib keeps this state inside Ray actors; jaxplan keeps it in `PlanState`, so a checkpoint is
+`PlanState` and `vmap` over `init(key)` gives independent runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxplan.batch import DEFAULT_POLICY_ID
+from jaxplan.counters import Counter
+from jaxplan.envs import Env
+from jaxplan.policy import Policy, PolicyState
+
+
+@struct.dataclass
+class ActorState:
+    """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`."""
+
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+@struct.dataclass
+class EpisodeWindow:
+    """The last `window` completed episodes (a ring buffer, NaN where empty), on device."""
+
+    returns: jax.Array  # [window] float32
+    lengths: jax.Array  # [window] float32
+    num_episodes: jax.Array  # int32, total completed so far
+    episodes_this_iter: jax.Array  # int32, reset by StandardMetricsReporting
+
+    @classmethod
+    def empty(cls, window: int) -> EpisodeWindow:
+        nan = jnp.full((window,), jnp.nan, jnp.float32)
+        zero = jnp.zeros((), jnp.int32)
+        return cls(returns=nan, lengths=nan, num_episodes=zero, episodes_this_iter=zero)
+
+    def record(self, done: jax.Array, returns: jax.Array, lengths: jax.Array) -> EpisodeWindow:
+        """Appends the episodes that ended where `done` (any shape, chronological in row-major
+        order) with their `returns` and `lengths`; only the newest `window` are kept."""
+        window = self.returns.shape[0]
+        done = done.reshape(-1)
+        rank = jnp.cumsum(done.astype(jnp.int32)) - 1  # order among this call's episodes
+        n = jnp.sum(done.astype(jnp.int32))
+        keep = done & (rank >= n - window)
+        pos = jnp.where(keep, (self.num_episodes + rank) % window, window)  # window = dropped
+        return EpisodeWindow(
+            returns=self.returns.at[pos].set(returns.reshape(-1), mode="drop"),
+            lengths=self.lengths.at[pos].set(lengths.reshape(-1).astype(jnp.float32), mode="drop"),
+            num_episodes=self.num_episodes + n,
+            episodes_this_iter=self.episodes_this_iter + n,
+        )
+
+
+@struct.dataclass
+class Counters:
+    """RLlib's step counters (64-bit safe) and the iteration number."""
+
+    num_steps_sampled: Counter
+    num_agent_steps_sampled: Counter
+    num_steps_trained: Counter
+    num_agent_steps_trained: Counter
+    training_iteration: jax.Array  # int32
+
+    @classmethod
+    def zero(cls) -> Counters:
+        z = Counter.zero()
+        return cls(z, z, z, z, jnp.zeros((), jnp.int32))
+
+
+@struct.dataclass
+class PlanState:
+    """Everything a plan reads and writes; one explicit pytree."""
+
+    policies: dict[str, PolicyState]
+    actors: ActorState
+    episodes: EpisodeWindow
+    counters: Counters
+    key: jax.Array
+
+
+class WorkerSet:
+    """Actor groups x envs stepping `env` with `policies` (static configuration).
+
+    Single-agent: the env's one agent acts with `DEFAULT_POLICY_ID`. `num_workers=0` means one
+    group (RLlib's local worker samples), so the number of actor groups is `max(1, num_workers)`.
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        policies: Mapping[str, Policy],
+        *,
+        num_workers: int = 2,
+        num_envs_per_worker: int = 1,
+        rollout_fragment_length: int = 200,
+        policies_to_train: Sequence[str] | None = None,
+        normalize_actions: bool = True,
+        metrics_smoothing_episodes: int = 100,
+    ):
+        if list(policies) != [DEFAULT_POLICY_ID]:
+            raise ValueError(
+                f"a single-agent env takes exactly one policy {DEFAULT_POLICY_ID!r}, "
+                f"got {list(policies)}"
+            )
+        for name, value in [
+            ("num_envs_per_worker", num_envs_per_worker),
+            ("rollout_fragment_length", rollout_fragment_length),
+            ("metrics_smoothing_episodes", metrics_smoothing_episodes),
+        ]:
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.env = env
+        self.policies = dict(policies)
+        self.num_workers = num_workers
+        self.num_envs_per_worker = num_envs_per_worker
+        self.rollout_fragment_length = rollout_fragment_length
+        self.normalize_actions = normalize_actions
+        self.metrics_smoothing_episodes = metrics_smoothing_episodes
+        train = list(policies) if policies_to_train is None else list(policies_to_train)
+        unknown = [p for p in train if p not in self.policies]
+        if unknown:
+            raise ValueError(f"policies_to_train {unknown} not in policies {list(self.policies)}")
+        self._trainable = tuple(train)
+
+    @property
+    def num_actor_groups(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def round_env_steps(self) -> int:
+        """Env steps one rollout round yields: groups x envs x fragment length."""
+        return self.num_actor_groups * self.num_envs_per_worker * self.rollout_fragment_length
+
+    def trainable_policies(self) -> tuple[str, ...]:
+        return self._trainable
+
+    def init(self, key: jax.Array, hparams: Mapping[str, Any] | None = None) -> PlanState:
+        """Fresh `PlanState`. `hparams` maps policy ids to traced hyper-parameters to use
+        instead of each policy's defaults (for `vmap` over hyper-parameters)."""
+        hparams = dict(hparams or {})
+        key, k_env, *k_pol = jax.random.split(key, 2 + len(self.policies))
+        policies = {
+            pid: policy.init(k, hparams.get(pid))
+            for (pid, policy), k in zip(self.policies.items(), k_pol, strict=True)
+        }
+        groups, envs = self.num_actor_groups, self.num_envs_per_worker
+        env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
+        obs, env_state = jax.vmap(jax.vmap(self.env.reset))(env_keys)
+        zeros = jnp.zeros((groups, envs), jnp.float32)
+        actors = ActorState(
+            env_state=env_state,
+            obs=obs,
+            episode_return=zeros,
+            episode_length=zeros.astype(jnp.int32),
+        )
+        return PlanState(
+            policies=policies,
+            actors=actors,
+            episodes=EpisodeWindow.empty(self.metrics_smoothing_episodes),
+            counters=Counters.zero(),
+            key=key,
+        )
