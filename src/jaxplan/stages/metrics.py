@@ -63,6 +63,7 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
     """
 
     def pull(state: PlanState) -> tuple[PlanState, Result]:
+        sampled_before = state.counters.num_steps_sampled.lo
         state, item = flow.pull(state)
         counters = state.counters.replace(training_iteration=state.counters.training_iteration + 1)
         episodes = state.episodes
@@ -71,8 +72,14 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
             "episodes_this_iter": episodes.episodes_this_iter,
             "episodes_total": episodes.num_episodes,
             "timesteps_total": counters.num_steps_sampled,
+            # uint32 wrap-around makes the difference exact for < 2**32 steps per iteration
+            "timesteps_this_iter": counters.num_steps_sampled.lo - sampled_before,
             "agent_timesteps_total": counters.num_agent_steps_sampled,
             "training_iteration": counters.training_iteration,
+            # per-policy episode returns (RLlib's keys); filled for multi-agent envs
+            "policy_reward_mean": {},
+            "policy_reward_min": {},
+            "policy_reward_max": {},
             "info": {
                 "learner": _learner_info(item),
                 "num_steps_sampled": counters.num_steps_sampled,

@@ -1,0 +1,188 @@
+"""Env steps per second of PPO training on CartPole-v1 at a fixed amount of work.
+
+The work matches the peer figures in the project's anchors (PureJaxRL, rejax, SB3, RLlib at
+"same work"): 8 envs x 128 steps (train batch 1024), 4 epochs of 4 minibatches of 256, 64x64
+tanh actor and critic, lr 2.5e-4, gamma 0.99, lambda 0.95, clip 0.2, no KL term, grad clip
+0.5, value loss coefficient 0.5, entropy coefficient 0.01, 500k env steps.
+
+The 8 envs are laid out as `num_workers=8, num_envs_per_worker=1` (8 actor groups of one env;
+jaxplan `vmap`s both axes, so `1 x 8` is the same program shape-wise).
+
+Cases, each the whole run (ceil(steps / 1024) iterations) as one `lax.scan` program:
+
+  ppo             PPO, one seed (`jax.jit(make_train(plan, n))`)
+  sample_only     acting alone with the same workers: rollouts + metrics, no learning
+                  (`sample_only_plan`); the ceiling for PPO at this env count
+  ppo_vmap8       the PPO run for 8 seeds `vmap`ped in one program; steps/s summed over seeds
+
+For each: compile_s = AOT trace+lower+compile, run_s = median wall time of executing the
+compiled program (`--repeats` times, each from the same initial key, waiting for the results).
+
+    python benchmarks/throughput.py            # 500k steps per seed
+    python benchmarks/throughput.py --quick    # 50k steps, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import (
+    add_common_args,
+    aot_compile,
+    apply_common_args,
+    median,
+    print_table,
+    timed,
+    warm_up_backend,
+    write_jsonl,
+)
+
+import jaxplan
+from jaxplan.counters import counter_value
+
+ENV = "CartPole-v1"
+
+# Every key that decides the work is pinned, so this does not drift with the tuned preset.
+FIXED_WORK: dict = {
+    "num_workers": 8,
+    "num_envs_per_worker": 1,
+    "rollout_fragment_length": 128,
+    "train_batch_size": 1024,
+    "num_sgd_iter": 4,
+    "sgd_minibatch_size": 256,
+    "shuffle_sequences": True,
+    "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh", "vf_share_layers": False},
+    "lr": 2.5e-4,
+    "gamma": 0.99,
+    "lambda": 0.95,
+    "clip_param": 0.2,
+    "vf_clip_param": 10.0,
+    "kl_coeff": 0.0,
+    "grad_clip": 0.5,
+    "vf_loss_coeff": 0.5,
+    "entropy_coeff": 0.01,
+    "metrics_smoothing_episodes": 100,
+}
+NUM_SEEDS_VMAP = 8
+CASES = ("ppo", "sample_only", "ppo_vmap8")
+
+
+def measure(name, fn, arg, repeats, env_steps, extra=None):
+    """AOT-compiles `fn(arg)`, runs it `repeats` times; returns a result row and the output."""
+    compiled = aot_compile(fn, arg)
+    times, out = [], None
+    for _ in range(repeats):
+        out, dt = timed(compiled, arg)
+        times.append(dt)
+    run_s = median(times)
+    row = {
+        "case": name,
+        "compile_s": compiled.total_s,
+        "lower_s": compiled.lower_s,
+        "xla_compile_s": compiled.compile_s,
+        "run_s": run_s,
+        "run_s_all": times,
+        "run_s_min": min(times),
+        "env_steps": env_steps,
+        "steps_per_s": env_steps / run_s,
+        **(extra or {}),
+    }
+    return row, out
+
+
+def check_steps(results, expected_per_seed: int) -> float:
+    """Asserts the run sampled exactly the steps it was meant to; returns the last mean return
+    (averaged over seeds) as a sanity figure."""
+    last = jax.tree.map(lambda x: x[..., -1], results)  # last iteration (any leading seed axis)
+    steps = np.atleast_1d(counter_value(last["timesteps_total"]))
+    if not np.all(steps == expected_per_seed):
+        raise AssertionError(f"expected {expected_per_seed} env steps per seed, got {steps}")
+    return float(np.nanmean(np.asarray(last["episode_reward_mean"])))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=500_000, help="env steps per seed")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 50k steps, 1 repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="executions per case (median)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = 50_000, 1
+    apply_common_args(args)
+    warm_up_backend()
+
+    config = jaxplan.preset_config(ENV, FIXED_WORK)
+    plan = jaxplan.ppo_plan(config)
+    batch = plan.workers.round_env_steps
+    assert batch == config.train_batch_size == 1024, (batch, config.train_batch_size)
+    n = math.ceil(args.steps / batch)
+    steps = n * batch
+    print(
+        f"# PPO {ENV}: {plan.workers.num_actor_groups} workers x "
+        f"{plan.workers.num_envs_per_worker} envs x {plan.workers.rollout_fragment_length} steps"
+        f" = {batch}/iter, {config.num_sgd_iter} epochs x minibatch {config.sgd_minibatch_size}"
+        f" | {n} iterations = {steps:,} env steps per seed | {args.repeats} repeat(s)",
+        flush=True,
+    )
+
+    key = jax.random.PRNGKey(args.seed)
+    rows = []
+    for case in args.cases:
+        print(f"# {case} ...", flush=True)
+        if case == "ppo":
+            row, (_, res) = measure(case, jaxplan.make_train(plan, n), key, args.repeats, steps)
+            row["seeds"] = 1
+        elif case == "sample_only":
+            sample = jaxplan.sample_only_plan(jaxplan.build_workers(config))
+            train = jaxplan.make_train(sample, n)
+            row, (_, res) = measure(case, train, key, args.repeats, steps)
+            row["seeds"] = 1
+        else:
+            seeds = jnp.arange(args.seed, args.seed + NUM_SEEDS_VMAP, dtype=jnp.uint32)
+            keys = jax.vmap(jax.random.PRNGKey)(seeds)
+            train = jax.vmap(jaxplan.make_train(plan, n))
+            row, (_, res) = measure(case, train, keys, args.repeats, NUM_SEEDS_VMAP * steps)
+            row["seeds"] = NUM_SEEDS_VMAP
+        row["final_episode_reward_mean"] = check_steps(res, steps)
+        row.update(iterations=n, steps_per_seed=steps)
+        rows.append(row)
+        print(
+            f"#   compile {row['compile_s']:.1f} s, run {row['run_s']:.2f} s, "
+            f"{row['steps_per_s']:,.0f} steps/s",
+            flush=True,
+        )
+
+    base = next((r["steps_per_s"] for r in rows if r["case"] == "ppo"), None)
+    for r in rows:
+        r["ratio_to_ppo"] = r["steps_per_s"] / base if base else None
+
+    print()
+    print_table(
+        rows,
+        [
+            ("case", "case", ""),
+            ("compile_s", "compile_s", ".2f"),
+            ("run_s", "run_s", ".2f"),
+            ("env_steps", "env_steps", ","),
+            ("steps_per_s", "steps_per_s", ",.0f"),
+            ("ratio_to_ppo", "ratio_to_ppo", ".2f"),
+            ("final_R", "final_episode_reward_mean", ".1f"),
+        ],
+    )
+    if not args.no_write:
+        records = [{**r, "config": config.to_dict(), "quick": args.quick} for r in rows]
+        path = write_jsonl("throughput", records, args.results_dir)
+        print(f"\n# results appended to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

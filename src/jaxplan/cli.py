@@ -1,0 +1,312 @@
+"""`jaxplan train ppo --env CartPole-v1 ...`: train, print a line per iteration, write results.
+
+Every iteration's full result goes to `OUTPUT/result.jsonl` (one JSON object per line, RLlib's
+keys, plus `seed`); the resolved config to `OUTPUT/params.json`. An existing `result.jsonl` is
+kept, renamed to `result.N.jsonl`. Bad flags and config values are one-line errors (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ALGORITHMS = ("ppo",)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        self.exit(2, f"jaxplan: error: {message}\n")
+
+
+class UsageError(Exception):
+    """A bad flag or config value: printed as one line."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="jaxplan", description="RLlib-style execution plans in JAX.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser("train", help="train an algorithm on a gymnax env")
+    train.add_argument("algorithm", choices=ALGORITHMS)
+    train.add_argument("--env", default="CartPole-v1", help="gymnax env id (default CartPole-v1)")
+    train.add_argument("--stop-timesteps", type=int, default=None,
+                       help="stop after this many env steps (default 1,000,000 if no other stop)")
+    train.add_argument("--stop-reward", type=float, default=None,
+                       help="stop once episode_reward_mean reaches this (each seed on its own)")
+    train.add_argument("--stop-iters", type=int, default=None, help="stop after N iterations")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--num-seeds", type=int, default=1,
+                       help="train seeds seed..seed+N-1 in one vmapped program")
+    train.add_argument("--config", action="append", default=[], metavar="KEY=VALUE|FILE",
+                       help="config override (dotted keys, JSON values) or a JSON/YAML file; "
+                       "repeatable, later wins")
+    train.add_argument("--no-preset", action="store_true",
+                       help="start from RLlib's defaults instead of the env's tuned preset")
+    train.add_argument("--output", type=Path, default=None, help="write result.jsonl here")
+    train.add_argument("--report-every", type=int, default=10, metavar="N",
+                       help="iterations per compiled chunk between host reports (default 10)")
+    train.add_argument("--no-compile-cache", action="store_true",
+                       help="do not use the persistent XLA compilation cache")
+    train.add_argument("--quiet", action="store_true", help="no per-iteration lines")
+    return parser
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["lr=1e-3", "model.fcnet_hiddens=[64,64]", "cfg.yaml"]` -> one flat override dict."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" in item:
+            key, _, raw = item.partition("=")
+            if not key:
+                raise UsageError(f"--config {item!r}: expected KEY=VALUE")
+            out[key.strip()] = _parse_value(raw)
+        else:
+            out.update(_load_file(item))
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        if raw in ("None", "none"):
+            return None
+        if raw in ("True", "False"):
+            return raw == "True"
+        return raw
+
+
+def _load_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config {path!r}: not KEY=VALUE and no such file")
+    text = p.read_text()
+    try:
+        if p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+        raise UsageError(f"--config {path}: cannot parse ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of config keys")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a bad flag (already printed as one line)
+        return int(e.code or 0)
+    try:
+        return _train(args)
+    except (UsageError, ValueError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"jaxplan: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("jaxplan: interrupted", file=sys.stderr)
+        return 130
+
+
+def _check_args(args) -> None:
+    for flag in ("stop_timesteps", "stop_iters", "num_seeds", "report_every"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.stop_reward is not None and not math.isfinite(args.stop_reward):
+        raise UsageError(f"--stop-reward must be finite, got {args.stop_reward}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+
+
+def _train(args) -> int:
+    _check_args(args)
+    overrides = parse_overrides(args.config)
+    # Config, env and plan are checked before JAX compiles anything.
+    from jaxplan.ppo.config import PPOConfig, preset_config
+
+    if args.no_preset:
+        config = PPOConfig().updated({**overrides, "env": args.env})
+    else:
+        config = preset_config(args.env, overrides)
+    if args.stop_timesteps is None and args.stop_iters is None and args.stop_reward is None:
+        args.stop_timesteps = 1_000_000
+
+    import jax
+
+    if not args.no_compile_cache:
+        _enable_compile_cache(jax)
+    from jaxplan.ppo.plan import build_workers, execution_plan
+    from jaxplan.run import Stop
+    from jaxplan.stages.concat_batches import num_rounds
+
+    workers = build_workers(config)
+    plan = execution_plan(workers, config)
+    steps_per_iter = num_rounds(config.train_batch_size, workers.round_env_steps) * (
+        workers.round_env_steps
+    )
+    stop = Stop(
+        episode_reward_mean=args.stop_reward,
+        timesteps_total=args.stop_timesteps,
+        training_iteration=args.stop_iters,
+    )
+    seeds = list(range(args.seed, args.seed + args.num_seeds))
+    writer = _ResultWriter(args.output, config, seeds) if args.output else None
+
+    print(
+        f"jaxplan: PPO on {config.env} | seeds {seeds[0]}..{seeds[-1]} | {steps_per_iter} env "
+        f"steps/iter ({workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
+        f"{workers.rollout_fragment_length} steps) | {config.num_sgd_iter} epochs of minibatch "
+        f"{config.sgd_minibatch_size} | {_describe_stop(stop)} | {jax.default_backend()}",
+        flush=True,
+    )
+    chunk_fn, states, t_compile = _compile(plan, seeds, args.report_every, stop)
+    t_start = time.perf_counter()
+    print(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
+    done_at: dict[int, dict] = {}
+    last: list[dict | None] = [None] * len(seeds)
+    while len(done_at) < len(seeds):
+        t0 = time.perf_counter()
+        states, results = chunk_fn(states)
+        results = jax.device_get(results)
+        dt = time.perf_counter() - t0
+        per_iter = dt / args.report_every
+        lines = []
+        for i in range(args.report_every):
+            row = []
+            for s, seed in enumerate(seeds):
+                if seed in done_at:
+                    continue
+                r = plan.report(jax.tree.map(lambda x, s=s, i=i: x[s, i], results))
+                done = bool(r.pop("done"))
+                r.update(
+                    seed=seed,
+                    time_this_iter_s=per_iter,
+                    time_total_s=time.perf_counter() - t_start,
+                    num_env_steps_sampled_throughput_per_sec=steps_per_iter / per_iter,
+                )
+                row.append(r)
+                last[s] = r
+                if done:
+                    done_at[seed] = r
+            if row:
+                lines.append(row)
+        if writer:
+            writer.write([r for row in lines for r in row])
+        if not args.quiet:
+            for row in lines:
+                print(_format_line(row), flush=True)
+    total = time.perf_counter() - t_start
+    _print_summary(args, done_at, seeds, total, t_compile)
+    if writer:
+        print(f"jaxplan: results in {writer.path}")
+    return 0
+
+
+def _enable_compile_cache(jax) -> None:
+    cache = os.environ.get("JAXPLAN_CACHE_DIR", str(Path.home() / ".cache" / "jaxplan" / "xla"))
+    try:
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    except Exception:  # noqa: BLE001 - the cache is an optimisation only
+        pass
+
+
+def _compile(plan, seeds, chunk, stop):
+    """AOT-compiles one chunk of `chunk` iterations for all seeds; returns it and the states."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxplan.run import run_iterations
+
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
+    states = jax.jit(jax.vmap(plan.init))(keys)
+    fn = jax.jit(jax.vmap(lambda s: run_iterations(plan, s, chunk, stop)), donate_argnums=0)
+    t0 = time.perf_counter()
+    compiled = fn.lower(states).compile()
+    return compiled, states, time.perf_counter() - t0
+
+
+def _describe_stop(stop) -> str:
+    parts = []
+    if stop.episode_reward_mean is not None:
+        parts.append(f"reward >= {stop.episode_reward_mean:g}")
+    if stop.timesteps_total is not None:
+        parts.append(f"timesteps >= {stop.timesteps_total:,}")
+    if stop.training_iteration is not None:
+        parts.append(f"iters >= {stop.training_iteration}")
+    return "stop: " + " or ".join(parts)
+
+
+def _format_line(row: list[dict]) -> str:
+    r0 = row[0]
+    rewards = [r["episode_reward_mean"] for r in row]
+    finite = [x for x in rewards if math.isfinite(x)]
+    mean = sum(finite) / len(finite) if finite else float("nan")
+    line = (
+        f"iter {r0['training_iteration']:5d}  timesteps {r0['timesteps_total']:>10,}  "
+        f"episode_reward_mean {mean:8.2f}"
+    )
+    if len(row) > 1:
+        line += "  [" + " ".join(f"{x:.1f}" for x in rewards) + "]"
+    else:
+        line += f"  episode_len_mean {r0['episode_len_mean']:7.2f}"
+    total_rate = sum(r["num_env_steps_sampled_throughput_per_sec"] for r in row)
+    return line + f"  env_steps/s {total_rate:,.0f}"
+
+
+def _print_summary(args, done_at, seeds, total, t_compile) -> None:
+    for seed in seeds:
+        r = done_at.get(seed)
+        if r is None:
+            continue
+        reached = args.stop_reward is not None and r["episode_reward_mean"] >= args.stop_reward
+        what = (
+            f"reached episode_reward_mean {r['episode_reward_mean']:.1f} >= {args.stop_reward:g}"
+            if reached
+            else f"stopped with episode_reward_mean {r['episode_reward_mean']:.1f}"
+        )
+        print(
+            f"jaxplan: seed {seed}: {what} at {r['timesteps_total']:,} timesteps, "
+            f"iteration {r['training_iteration']}"
+        )
+    print(f"jaxplan: wall time {total + t_compile:.1f} s ({t_compile:.1f} s compile)")
+
+
+class _ResultWriter:
+    """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites."""
+
+    def __init__(self, directory: Path, config, seeds):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "result.jsonl"
+        if self.path.exists():
+            n = 1
+            while (directory / f"result.{n}.jsonl").exists():
+                n += 1
+            kept = directory / f"result.{n}.jsonl"
+            self.path.rename(kept)
+            print(f"jaxplan: kept the previous {self.path.name} as {kept.name}")
+        params = {"algorithm": "PPO", "seeds": seeds, "config": config.to_dict()}
+        tmp = directory / "params.json.tmp"
+        tmp.write_text(json.dumps(params, indent=2) + "\n")
+        os.replace(tmp, directory / "params.json")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at exit
+
+    def write(self, results: list[dict]) -> None:
+        if not results:
+            return
+        self._file.write("".join(json.dumps(r) + "\n" for r in results))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
