@@ -14,9 +14,25 @@ def test_cli_trains_cartpole_to_475_end_to_end(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "JAXPLAN_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxplan.cli", "train", "ppo", "--env", "CartPole-v1",
-         "--stop-reward", "475", "--stop-timesteps", "150000", "--output", str(out)],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "jaxplan.cli",
+            "train",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--stop-reward",
+            "475",
+            "--stop-timesteps",
+            "150000",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("iter")]
@@ -27,12 +43,28 @@ def test_cli_trains_cartpole_to_475_end_to_end(tmp_path):
     assert last["episode_reward_mean"] >= 475
     assert last["timesteps_total"] <= 150_000
     assert [r["training_iteration"] for r in results] == list(range(1, len(results) + 1))
-    for key in ("timesteps_total", "episode_len_mean", "episodes_this_iter", "time_this_iter_s",
-                "agent_timesteps_total", "episode_reward_min", "episode_reward_max"):
+    for key in (
+        "timesteps_total",
+        "episode_len_mean",
+        "episodes_this_iter",
+        "time_this_iter_s",
+        "agent_timesteps_total",
+        "episode_reward_min",
+        "episode_reward_max",
+    ):
         assert key in last
     stats = last["info"]["learner"]["default_policy"]["learner_stats"]
-    assert set(stats) >= {"cur_kl_coeff", "cur_lr", "total_loss", "policy_loss", "vf_loss",
-                          "vf_explained_var", "kl", "entropy", "entropy_coeff"}
+    assert set(stats) >= {
+        "cur_kl_coeff",
+        "cur_lr",
+        "total_loss",
+        "policy_loss",
+        "vf_loss",
+        "vf_explained_var",
+        "kl",
+        "entropy",
+        "entropy_coeff",
+    }
     assert last["info"]["num_steps_trained"] == last["timesteps_total"]
     params = json.loads((out / "params.json").read_text())
     assert params["config"]["env"] == "CartPole-v1"
@@ -65,9 +97,15 @@ def test_bad_input_is_a_one_line_error(argv, fragment, capsys):
 def test_config_file_and_overrides(tmp_path):
     f = tmp_path / "cfg.yaml"
     f.write_text("lr: 0.001\nmodel:\n  fcnet_hiddens: [32, 32]\n")
-    overrides = cli.parse_overrides([str(f), "lr=2e-3", "grad_clip=None", "shuffle_sequences=false"])
-    assert overrides == {"lr": 2e-3, "model": {"fcnet_hiddens": [32, 32]}, "grad_clip": None,
-                         "shuffle_sequences": False}
+    overrides = cli.parse_overrides(
+        [str(f), "lr=2e-3", "grad_clip=None", "shuffle_sequences=false"]
+    )
+    assert overrides == {
+        "lr": 2e-3,
+        "model": {"fcnet_hiddens": [32, 32]},
+        "grad_clip": None,
+        "shuffle_sequences": False,
+    }
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(cli.UsageError, match="cannot parse"):

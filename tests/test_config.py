@@ -22,8 +22,13 @@ def test_defaults_are_rllibs():
 
 @pytest.mark.parametrize(
     "key, suggestion",
-    [("lamda", "lambda"), ("train_batchsize", "train_batch_size"), ("num_sgd_iters", "num_sgd_iter"),
-     ("model.fcnet_hidden", "model.fcnet_hiddens"), ("entropy_coef", "entropy_coeff")],
+    [
+        ("lamda", "lambda"),
+        ("train_batchsize", "train_batch_size"),
+        ("num_sgd_iters", "num_sgd_iter"),
+        ("model.fcnet_hidden", "model.fcnet_hiddens"),
+        ("entropy_coef", "entropy_coeff"),
+    ],
 )
 def test_unknown_key_names_nearest_valid_key(key, suggestion):
     with pytest.raises(ValueError) as e:

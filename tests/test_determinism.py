@@ -50,9 +50,7 @@ def test_vmap_over_seeds_equals_runs_one_by_one(plan):
             counter_value(results_1["timesteps_total"]),
             counter_value(jax.tree.map(lambda x, i=i: x[i], results_v["timesteps_total"])),
         )
-        np.testing.assert_array_equal(
-            results_1["episodes_total"], results_v["episodes_total"][i]
-        )
+        np.testing.assert_array_equal(results_1["episodes_total"], results_v["episodes_total"][i])
         # ... and floats agree to float32 rounding: vmap batches the matmuls, which changes
         # XLA's summation order (measured max |diff| ~4e-6 after 5 iterations)
         one = _leaves((state_1, results_1))

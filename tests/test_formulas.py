@@ -117,37 +117,31 @@ def _random_fragment(rng, shape, p_term=0.12, p_trunc=0.12):
 def test_gae_against_reference(batch_shape, gamma, lam):
     rng = np.random.default_rng(0)
     num_steps = 25
-    shape = (num_steps, *batch_shape)
-    rewards, values, next_values, terminated, truncated = _random_fragment(rng, shape)
     flat = int(np.prod(batch_shape))
-    # Guarantee every case appears: a terminated step, a truncated step, a step both flags set
+    rewards, values, next_values, terminated, truncated = _random_fragment(rng, (num_steps, flat))
+    # Guarantee every case appears: a terminated step, a truncated step, a step with both flags
     # (termination wins), and columns whose last step is a plain fragment cut.
-    terminated.reshape(num_steps, flat)[3, 0] = True
-    truncated.reshape(num_steps, flat)[3, 0] = False
-    terminated.reshape(num_steps, flat)[5, 1] = False
-    truncated.reshape(num_steps, flat)[5, 1] = True
-    terminated.reshape(num_steps, flat)[7, 2] = True
-    truncated.reshape(num_steps, flat)[7, 2] = True
-    terminated.reshape(num_steps, flat)[-1, :2] = False
-    truncated.reshape(num_steps, flat)[-1, :2] = False
+    terminated[3, 0], truncated[3, 0] = True, False
+    terminated[5, 1], truncated[5, 1] = False, True
+    terminated[7, 2], truncated[7, 2] = True, True
+    terminated[-1, :2], truncated[-1, :2] = False, False
 
+    shape = (num_steps, *batch_shape)
     adv, targets = _gae(
-        jnp.asarray(rewards),
-        jnp.asarray(values),
-        jnp.asarray(next_values),
-        jnp.asarray(terminated),
-        jnp.asarray(truncated),
+        *(jnp.asarray(x.reshape(shape)) for x in (rewards, values, next_values)),
+        jnp.asarray(terminated.reshape(shape)),
+        jnp.asarray(truncated.reshape(shape)),
         jnp.float32(gamma),
         jnp.float32(lam),
     )
     assert adv.shape == shape and targets.shape == shape
     # the reference works on float32-rounded gamma/lambda, as the jitted code does
     ref_adv, ref_targets = gae_reference(
-        rewards.reshape(num_steps, flat),
-        values.reshape(num_steps, flat),
-        next_values.reshape(num_steps, flat),
-        terminated.reshape(num_steps, flat),
-        truncated.reshape(num_steps, flat),
+        rewards,
+        values,
+        next_values,
+        terminated,
+        truncated,
         float(np.float32(gamma)),
         float(np.float32(lam)),
     )
@@ -173,9 +167,9 @@ def test_gae_bootstrap_semantics():
     terminated[-1, :] = False
     truncated[-1, :] = False
 
-    def run(nv, r=rewards):
+    def run(nv):
         adv, _ = _gae(
-            jnp.asarray(r),
+            jnp.asarray(rewards),
             jnp.asarray(values),
             jnp.asarray(nv),
             jnp.asarray(terminated),

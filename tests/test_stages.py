@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import jaxplan
@@ -41,6 +42,9 @@ SMALL = {
     "num_sgd_iter": 2,
     "kl_coeff": 0.2,
     "model": {"fcnet_hiddens": [8]},
+    # short time limit: the 24 steps per env include truncated episodes (and, with a random
+    # policy, usually a terminated one)
+    "env_config": {"max_steps_in_episode": 12},
 }
 ROUND = 1 * 2 * 8
 
@@ -95,6 +99,22 @@ def test_plan_train_batch_is_smallest_multiple_of_round(plan, stepped):
     assert report["training_iteration"] == 1
 
 
+def test_plan_sgd_ran_on_the_whole_train_batch(stepped):
+    """The optimizer took num_sgd_iter * (48 // 8) = 12 steps: the batch SGD saw had 48 rows
+    (40 rows would give 10)."""
+    state, _ = stepped
+    adam = [
+        x
+        for x in jax.tree.leaves(
+            state.policies[PID].opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState)
+        )
+        if isinstance(x, optax.ScaleByAdamState)
+    ]
+    counts = [int(x.count) for x in adam]
+    rows = train_batch_reference(SMALL["train_batch_size"], ROUND)
+    assert counts == [SMALL["num_sgd_iter"] * (rows // SMALL["sgd_minibatch_size"])]
+
+
 @pytest.fixture(scope="module")
 def concat_batch(plan, state0):
     """The PPO plan's flow up to ConcatBatches: three postprocessed rounds, 48 rows."""
@@ -147,6 +167,21 @@ def test_concat_batches_rounds_are_consecutive_fragments(concat_batch):
     assert checked > 30
     # rounds are distinct samples, not one round repeated
     assert not np.array_equal(obs[0], obs[1])
+
+
+def test_concat_batch_contains_truncations(concat_batch):
+    """The 12-step time limit truncates (not terminates) episodes; after a truncated step the
+    env was reset, so new_obs (the final observation) differs from the next row's obs."""
+    _, batch = concat_batch
+    pb = batch.policy_batches[PID]
+    term, trunc = _rounds(pb["terminateds"]), _rounds(pb["truncateds"])
+    assert trunc.any()
+    assert not (term & trunc).any()
+    obs, new_obs = _rounds(pb["obs"]), _rounds(pb["new_obs"])
+    for r, t, e in zip(*np.nonzero(trunc), strict=True):
+        nxt = (r, t + 1) if t + 1 < trunc.shape[1] else (r + 1, 0)
+        if nxt[0] < trunc.shape[0]:
+            assert np.max(np.abs(new_obs[r, t, e] - obs[nxt[0], nxt[1], e])) > 1e-3
 
 
 def test_concat_batch_gae_matches_reference(plan, concat_batch):
@@ -252,8 +287,9 @@ def test_standardize_fields_missing_field_is_key_error():
         StandardizeFields("advantages")
 
 
-def test_plan_standardizes_the_whole_train_batch(plan, concat_batch):
-    """In PPO's flow, advantages are standardized once over all 48 rows."""
+def test_standardize_fields_over_the_concatenated_batch(concat_batch):
+    """On a real train batch, advantages are standardized once over all 48 rows (not per
+    rollout round)."""
     _, batch = concat_batch
     raw = np.asarray(batch.policy_batches[PID]["advantages"])
     out = jax.jit(StandardizeFields(["advantages"]))(batch)
