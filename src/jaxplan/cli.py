@@ -34,24 +34,49 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an algorithm on a gymnax env")
     train.add_argument("algorithm", choices=ALGORITHMS)
     train.add_argument("--env", default="CartPole-v1", help="gymnax env id (default CartPole-v1)")
-    train.add_argument("--stop-timesteps", type=int, default=None,
-                       help="stop after this many env steps (default 1,000,000 if no other stop)")
-    train.add_argument("--stop-reward", type=float, default=None,
-                       help="stop once episode_reward_mean reaches this (each seed on its own)")
+    train.add_argument(
+        "--stop-timesteps",
+        type=int,
+        default=None,
+        help="stop after this many env steps (default 1,000,000 if no other stop)",
+    )
+    train.add_argument(
+        "--stop-reward",
+        type=float,
+        default=None,
+        help="stop once episode_reward_mean reaches this (each seed on its own)",
+    )
     train.add_argument("--stop-iters", type=int, default=None, help="stop after N iterations")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--num-seeds", type=int, default=1,
-                       help="train seeds seed..seed+N-1 in one vmapped program")
-    train.add_argument("--config", action="append", default=[], metavar="KEY=VALUE|FILE",
-                       help="config override (dotted keys, JSON values) or a JSON/YAML file; "
-                       "repeatable, later wins")
-    train.add_argument("--no-preset", action="store_true",
-                       help="start from RLlib's defaults instead of the env's tuned preset")
+    train.add_argument(
+        "--num-seeds", type=int, default=1, help="train seeds seed..seed+N-1 in one vmapped program"
+    )
+    train.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE|FILE",
+        help="config override (dotted keys, JSON values) or a JSON/YAML file; "
+        "repeatable, later wins",
+    )
+    train.add_argument(
+        "--no-preset",
+        action="store_true",
+        help="start from RLlib's defaults instead of the env's tuned preset",
+    )
     train.add_argument("--output", type=Path, default=None, help="write result.jsonl here")
-    train.add_argument("--report-every", type=int, default=10, metavar="N",
-                       help="iterations per compiled chunk between host reports (default 10)")
-    train.add_argument("--no-compile-cache", action="store_true",
-                       help="do not use the persistent XLA compilation cache")
+    train.add_argument(
+        "--report-every",
+        type=int,
+        default=10,
+        metavar="N",
+        help="iterations per compiled chunk between host reports (default 10)",
+    )
+    train.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not use the persistent XLA compilation cache",
+    )
     train.add_argument("--quiet", action="store_true", help="no per-iteration lines")
     return parser
 

@@ -5,8 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
-import numpy as np
+
+
+def normc(std: float = 1.0):
+    """RLlib's `normc_initializer`: a standard normal kernel `[in, out]` whose every column
+    (one unit's incoming weights) is scaled to norm `std`. Cheap to compile (no QR)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        w = jax.random.normal(key, shape, dtype)
+        return w * (std / jnp.sqrt(jnp.sum(jnp.square(w), axis=0, keepdims=True)))
+
+    return init
+
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "swish": nn.swish, "linear": None}
 
@@ -14,8 +26,9 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "swish": nn.swis
 class MLP(nn.Module):
     """`obs [..., *obs_shape] -> [..., num_outputs]`; observations are flattened first.
 
-    Hidden layers use orthogonal init with gain sqrt(2); the output layer uses `output_gain`
-    (0.01 for policy logits so the initial policy is near uniform, 1.0 for values).
+    Kernels use RLlib's normc init: std 1.0 for hidden layers, `output_gain` for the output
+    layer (0.01 for policy logits and values, as RLlib's fcnet, so the initial policy is near
+    uniform).
     """
 
     hiddens: Sequence[int]
@@ -30,12 +43,10 @@ class MLP(nn.Module):
         x = obs.reshape(*batch_shape, -1).astype(jnp.float32)
         act = ACTIVATIONS[self.activation]
         for width in self.hiddens:
-            x = nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2.0)))(x)
+            x = nn.Dense(width, kernel_init=normc(1.0))(x)
             if act is not None:
                 x = act(x)
-        return nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(self.output_gain))(
-            x
-        )
+        return nn.Dense(self.num_outputs, kernel_init=normc(self.output_gain))(x)
 
 
 class ActorCritic(nn.Module):
@@ -54,13 +65,13 @@ class ActorCritic(nn.Module):
     def setup(self):
         if self.share_layers:
             self.torso = MLP(
-                self.hiddens[:-1], self.activation, self.hiddens[-1], np.sqrt(2.0), self.obs_ndim
+                self.hiddens[:-1], self.activation, self.hiddens[-1], 1.0, self.obs_ndim
             )
-            self.pi_head = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01))
-            self.v_head = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))
+            self.pi_head = nn.Dense(self.num_outputs, kernel_init=normc(0.01))
+            self.v_head = nn.Dense(1, kernel_init=normc(0.01))
         else:
             self.actor = MLP(self.hiddens, self.activation, self.num_outputs, 0.01, self.obs_ndim)
-            self.critic = MLP(self.hiddens, self.activation, 1, 1.0, self.obs_ndim)
+            self.critic = MLP(self.hiddens, self.activation, 1, 0.01, self.obs_ndim)
 
     def _features(self, obs):
         x = self.torso(obs)

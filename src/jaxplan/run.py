@@ -14,25 +14,31 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan.flow import Plan, Result
+from jaxplan.stages.metrics import episode_stats
 from jaxplan.workers import PlanState
 
 
 @dataclasses.dataclass(frozen=True)
 class Stop:
-    """RLlib-style stop criteria (static); any one that is set and met stops the run."""
+    """RLlib-style stop criteria (static); any one that is set and met stops the run.
+
+    Criteria are read from `PlanState` (the episode window, the counters), so a run split into
+    several `run_iterations` calls stops exactly where one long run would.
+    """
 
     episode_reward_mean: float | None = None
     timesteps_total: int | None = None
     training_iteration: int | None = None
 
-    def met(self, result: Result) -> jax.Array:
+    def met(self, state: PlanState) -> jax.Array:
         done = jnp.zeros((), bool)
         if self.episode_reward_mean is not None:
-            done |= result["episode_reward_mean"] >= self.episode_reward_mean  # NaN: False
+            mean = episode_stats(state.episodes)["episode_reward_mean"]
+            done |= mean >= self.episode_reward_mean  # NaN before any episode: False
         if self.timesteps_total is not None:
-            done |= result["timesteps_total"].ge(int(self.timesteps_total))
+            done |= state.counters.num_steps_sampled.ge(int(self.timesteps_total))
         if self.training_iteration is not None:
-            done |= result["training_iteration"] >= self.training_iteration
+            done |= state.counters.training_iteration >= self.training_iteration
         return done
 
 
@@ -41,26 +47,30 @@ def run_iterations(
 ) -> tuple[PlanState, Result]:
     """`num_iterations` steps as one `lax.scan`; results are stacked on a leading axis.
 
-    With `stop`, every result carries `done` (a criterion was met at or before it); once done,
-    the state is frozen and later results repeat the last real one, so a chunked or `vmap`ped
-    run stops each agent at its own iteration.
+    With `stop`, each result also holds `done` (a criterion is met after that iteration). Once
+    met, the state is frozen: later iterations do no work (under `vmap` they compute and
+    discard) and their results repeat the last real one, or are zeros with `done=True` when the
+    state was already done on entry. Read each run's results up to its first `done`.
     """
     if stop is None:
         return jax.lax.scan(lambda s, _: plan.step(s), state, None, length=num_iterations)
 
-    def with_done(state):
+    def step(state):
         state, result = plan.step(state)
-        return state, {**result, "done": stop.met(result)}
+        return state, {**result, "done": stop.met(state)}
 
-    _, shape = jax.eval_shape(with_done, state)
-    empty = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+    _, shape = jax.eval_shape(step, state)
+    first = {
+        **jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape),
+        "done": stop.met(state),
+    }
 
     def body(carry, _):
         state, last = carry
-        state, result = jax.lax.cond(last["done"], lambda s: (s, last), with_done, state)
+        state, result = jax.lax.cond(last["done"], lambda s: (s, last), step, state)
         return (state, result), result
 
-    (state, _), results = jax.lax.scan(body, (state, empty), None, length=num_iterations)
+    (state, _), results = jax.lax.scan(body, (state, first), None, length=num_iterations)
     return state, results
 
 
