@@ -117,6 +117,7 @@ def test_existing_results_are_kept(tmp_path):
 
     (tmp_path / "result.jsonl").write_text('{"old": 1}\n')
     writer = cli._ResultWriter(tmp_path, preset_config("CartPole-v1"), [0])
-    writer.write([{"new": 2}])
+    writer.write([{"new": 2, "episode_reward_mean": float("nan")}])
     assert (tmp_path / "result.1.jsonl").read_text() == '{"old": 1}\n'
-    assert (tmp_path / "result.jsonl").read_text() == '{"new": 2}\n'
+    # strict JSON: NaN (no episode finished yet) is written as null
+    assert (tmp_path / "result.jsonl").read_text() == '{"new": 2, "episode_reward_mean": null}\n'

@@ -306,6 +306,18 @@ def _print_summary(args, done_at, seeds, total, t_compile) -> None:
     print(f"jaxplan: wall time {total + t_compile:.1f} s ({t_compile:.1f} s compile)")
 
 
+def _finite(x):
+    """NaN/inf -> None, so every line is strict JSON (NaN is not JSON; jq and browsers reject
+    it). `episode_reward_mean` is NaN before the first completed episode."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
 class _ResultWriter:
     """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites."""
 
@@ -328,7 +340,7 @@ class _ResultWriter:
     def write(self, results: list[dict]) -> None:
         if not results:
             return
-        self._file.write("".join(json.dumps(r) + "\n" for r in results))
+        self._file.write("".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in results))
         self._file.flush()
         os.fsync(self._file.fileno())
 

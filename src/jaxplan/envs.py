@@ -53,7 +53,9 @@ class Env:
     """
 
     def __init__(self, name: str, **env_params: Any):
-        import gymnax  # imported lazily: gymnax pulls in matplotlib and friends
+        from jaxplan._deferred_imports import import_gymnax
+
+        gymnax = import_gymnax()
 
         if name not in gymnax.registered_envs:
             close = difflib.get_close_matches(name, gymnax.registered_envs, n=1)
