@@ -12,7 +12,7 @@ from jaxplan import batch as sb
 from jaxplan.distributions import distribution_for
 from jaxplan.envs import ActionSpace
 from jaxplan.gae import compute_gae
-from jaxplan.models import ActorCritic
+from jaxplan.models import ActorCritic, init_actor_critic
 from jaxplan.policy import PolicyState
 from jaxplan.ppo.config import PPOConfig, PPOHParams
 from jaxplan.ppo.loss import ppo_loss
@@ -38,7 +38,7 @@ class PPOPolicy:
         self.tx = optax.chain(clip, optax.scale_by_adam(eps=1e-8))
 
     def init(self, key: jax.Array, hparams: PPOHParams | None = None) -> PolicyState:
-        params = self.model.init(key, jnp.zeros((1, *self.obs_shape), jnp.float32))
+        params = init_actor_critic(self.model, key, self.obs_shape)
         return PolicyState(
             params=params,
             opt_state=self.tx.init(params),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from typing import Any
@@ -15,8 +14,6 @@ from jaxplan.batch import MultiAgentBatch
 from jaxplan.counters import Counter, counter_value
 from jaxplan.flow import Flow, Plan, Result
 from jaxplan.workers import EpisodeWindow, PlanState, WorkerSet
-
-logger = logging.getLogger(__name__)
 
 
 def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
