@@ -25,10 +25,9 @@ import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import rejax
 from common import aot_compile, median, timed, warm_up_backend
 from flax import struct
-
-import rejax
 
 ENV = "CartPole-v1"
 BATCH = 8 * 128  # num_envs x num_steps
