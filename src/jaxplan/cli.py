@@ -246,18 +246,34 @@ def _enable_compile_cache(jax) -> None:
 
 
 def _compile(plan, seeds, chunk, stop):
-    """AOT-compiles one chunk of `chunk` iterations for all seeds; returns it and the states."""
+    """AOT-compiles `init` and one chunk of `chunk` iterations (vmapped over seeds when there
+    are several: a vmap of one costs compile time for nothing). Returns the chunk function,
+    whose results always have a leading seed axis, the initial states and the compile seconds
+    of both programs."""
     import jax
     import jax.numpy as jnp
 
     from jaxplan.run import run_iterations
 
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
-    states = jax.jit(jax.vmap(plan.init))(keys)
-    fn = jax.jit(jax.vmap(lambda s: run_iterations(plan, s, chunk, stop)), donate_argnums=0)
+    def run_chunk(state):
+        return run_iterations(plan, state, chunk, stop)
+
     t0 = time.perf_counter()
-    compiled = fn.lower(states).compile()
-    return compiled, states, time.perf_counter() - t0
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
+    if len(seeds) > 1:
+        init = jax.jit(jax.vmap(plan.init)).lower(keys).compile()
+        compiled = jax.jit(jax.vmap(run_chunk), donate_argnums=0).lower(init.out_info).compile()
+        states, chunk_fn = init(keys), compiled
+    else:
+        init = jax.jit(plan.init).lower(keys[0]).compile()
+        compiled = jax.jit(run_chunk, donate_argnums=0).lower(init.out_info).compile()
+        states = init(keys[0])
+
+        def chunk_fn(state):
+            state, results = compiled(state)
+            return state, jax.tree.map(lambda x: x[None], results)
+
+    return chunk_fn, states, time.perf_counter() - t0
 
 
 def _describe_stop(stop) -> str:
