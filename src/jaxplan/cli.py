@@ -197,7 +197,6 @@ def _train(args) -> int:
     t_start = time.perf_counter()
     print(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
     done_at: dict[int, dict] = {}
-    last: list[dict | None] = [None] * len(seeds)
     while len(done_at) < len(seeds):
         t0 = time.perf_counter()
         states, results = chunk_fn(states)
@@ -215,11 +214,10 @@ def _train(args) -> int:
                 r.update(
                     seed=seed,
                     time_this_iter_s=per_iter,
-                    time_total_s=time.perf_counter() - t_start,
+                    time_total_s=t0 - t_start + (i + 1) * per_iter,
                     num_env_steps_sampled_throughput_per_sec=steps_per_iter / per_iter,
                 )
                 row.append(r)
-                last[s] = r
                 if done:
                     done_at[seed] = r
             if row:
