@@ -336,6 +336,12 @@ class _ResultWriter:
     """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites."""
 
     def __init__(self, directory: Path, config, seeds):
+        try:
+            self._open(directory, config, seeds)
+        except OSError as e:
+            raise UsageError(f"--output {directory}: cannot write results ({e.strerror})") from None
+
+    def _open(self, directory: Path, config, seeds) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "result.jsonl"
         if self.path.exists():
