@@ -49,6 +49,16 @@ ENV = "CartPole-v1"
 TARGET = 475.0
 
 
+def compile_detail(init, step) -> dict:
+    """Lower and compile seconds of the init and chunk programs (for the JSON lines)."""
+    return {
+        "init_lower": init.lower_s,
+        "init_compile": init.compile_s,
+        "chunk_lower": step.lower_s,
+        "chunk_compile": step.compile_s,
+    }
+
+
 def chunk_fn(plan, chunk: int, stop):
     def run_chunk(state):
         return jaxplan.run_iterations(plan, state, chunk, stop)
@@ -97,12 +107,7 @@ def solve_one(config, seed: int, budget: int, chunk: int) -> dict:
         "case": "seed",
         "seed": seed,
         "compile_s": compile_s,
-        "compile_detail_s": {
-            "init_lower": init.lower_s,
-            "init_compile": init.compile_s,
-            "chunk_lower": step.lower_s,
-            "chunk_compile": step.compile_s,
-        },
+        "compile_detail_s": compile_detail(init, step),
         "run_s": run_s,
         "chunks_run": (solved[0] + 1) if solved else max_chunks,
     }
@@ -155,12 +160,7 @@ def solve_vmapped(config, seeds: list[int], budget: int, chunk: int) -> dict:
         "case": f"vmap{len(seeds)}",
         "seeds": seeds,
         "compile_s": compile_s,
-        "compile_detail_s": {
-            "init_lower": init.lower_s,
-            "init_compile": init.compile_s,
-            "chunk_lower": step.lower_s,
-            "chunk_compile": step.compile_s,
-        },
+        "compile_detail_s": compile_detail(init, step),
         "run_s": run_s,
         "chunks_run": chunks_run,
         "solved": all_solved,

@@ -72,6 +72,17 @@ NUM_SEEDS_VMAP = 8
 CASES = ("ppo", "sample_only", "ppo_vmap8")
 
 
+def fixed_work_plan(min_steps: int):
+    """The FIXED_WORK config and PPO plan, and the whole iterations `n` covering `min_steps`
+    (`n * 1024` env steps per seed)."""
+    config = jaxplan.preset_config(ENV, FIXED_WORK)
+    plan = jaxplan.ppo_plan(config)
+    batch = plan.workers.round_env_steps
+    assert batch == config.train_batch_size == 1024, (batch, config.train_batch_size)
+    n = math.ceil(min_steps / batch)
+    return config, plan, n, n * batch
+
+
 def measure(name, fn, arg, repeats, env_steps, extra=None):
     """AOT-compiles `fn(arg)`, runs it `repeats` times; returns a result row and the output."""
     compiled = aot_compile(fn, arg)
@@ -119,12 +130,8 @@ def main(argv=None) -> int:
     apply_common_args(args)
     warm_up_backend()
 
-    config = jaxplan.preset_config(ENV, FIXED_WORK)
-    plan = jaxplan.ppo_plan(config)
+    config, plan, n, steps = fixed_work_plan(args.steps)
     batch = plan.workers.round_env_steps
-    assert batch == config.train_batch_size == 1024, (batch, config.train_batch_size)
-    n = math.ceil(args.steps / batch)
-    steps = n * batch
     print(
         f"# PPO {ENV}: {plan.workers.num_actor_groups} workers x "
         f"{plan.workers.num_envs_per_worker} envs x {plan.workers.rollout_fragment_length} steps"

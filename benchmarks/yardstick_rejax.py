@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from common import (
     warm_up_backend,
     write_jsonl,
 )
-from throughput import ENV, FIXED_WORK, check_steps
+from throughput import ENV, check_steps, fixed_work_plan
 
 import jaxplan
 
@@ -268,12 +267,7 @@ def main(argv=None) -> int:
     warm_up_backend()
     cases = ["ppo"] if args.no_vmap else list(CASES)
 
-    config = jaxplan.preset_config(ENV, FIXED_WORK)
-    plan = jaxplan.ppo_plan(config)
-    batch = plan.workers.round_env_steps
-    assert batch == config.train_batch_size == 1024, (batch, config.train_batch_size)
-    n = math.ceil(args.steps / batch)
-    steps = n * batch
+    config, plan, n, steps = fixed_work_plan(args.steps)
     print(
         f"# PPO {ENV}, same work: 8 envs x 128 steps = 1024/iter, 4 epochs x 4 minibatches "
         f"of 256 | {n} iterations = {steps:,} env steps per seed | cases {' '.join(cases)} | "
