@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import rejax
-from common import aot_compile, median, timed, warm_up_backend
+from common import measure, warm_up_backend
 from flax import struct
 
 ENV = "CartPole-v1"
@@ -112,29 +112,13 @@ def config_of(algo) -> dict:
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in out.items()}
 
 
-def measure(case, fn, arg, execs, env_steps, steps_per_seed):
-    compiled = aot_compile(fn, arg)
-    times, out = [], None
-    for _ in range(execs):
-        out, dt = timed(compiled, arg)
-        times.append(dt)
+def measure_rejax(case, fn, arg, execs, env_steps, steps_per_seed):
+    row, out = measure(case, fn, arg, execs, env_steps)
     ts, _ = out
     steps = np.atleast_1d(np.asarray(ts.global_step))
     if not np.all(steps == steps_per_seed):
         raise AssertionError(f"expected {steps_per_seed} env steps per seed, got {steps}")
-    final_r = float(np.nanmean(np.asarray(ts.env_state.returned_episode_return)))
-    run_s = median(times)
-    return {
-        "case": case,
-        "compile_s": compiled.total_s,
-        "lower_s": compiled.lower_s,
-        "xla_compile_s": compiled.compile_s,
-        "run_s": run_s,
-        "run_s_all": times,
-        "env_steps": env_steps,
-        "steps_per_s": env_steps / run_s,
-        "final_R": final_r,
-    }
+    return {**row, "final_R": float(np.nanmean(np.asarray(ts.env_state.returned_episode_return)))}
 
 
 def main(argv=None) -> int:
@@ -160,12 +144,14 @@ def main(argv=None) -> int:
     for case in args.cases:
         load = os.getloadavg()[0]
         if case == "ppo":
-            row = measure(case, algo.train, jax.random.PRNGKey(args.seed), args.execs, steps, steps)
+            row = measure_rejax(
+                case, algo.train, jax.random.PRNGKey(args.seed), args.execs, steps, steps
+            )
         elif case == "ppo_vmap8":
             seeds = jnp.arange(args.seed, args.seed + args.seeds, dtype=jnp.uint32)
             keys = jax.vmap(jax.random.PRNGKey)(seeds)
             train = jax.vmap(algo.train)
-            row = measure(case, train, keys, args.vmap_execs, args.seeds * steps, steps)
+            row = measure_rejax(case, train, keys, args.vmap_execs, args.seeds * steps, steps)
         else:
             raise ValueError(case)
         row.update(seeds=args.seeds if case != "ppo" else 1, loadavg_1m_before=load)

@@ -72,6 +72,30 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def measure(name, fn, arg, runs: int, env_steps: int, extra: dict | None = None):
+    """AOT-compiles `fn(arg)` and runs it `runs` times. Returns the result row (compile and
+    run seconds, median `run_s`, `steps_per_s = env_steps / run_s`) and the last output."""
+    compiled = aot_compile(fn, arg)
+    times, out = [], None
+    for _ in range(runs):
+        out, dt = timed(compiled, arg)
+        times.append(dt)
+    run_s = median(times)
+    row = {
+        "case": name,
+        "compile_s": compiled.total_s,
+        "lower_s": compiled.lower_s,
+        "xla_compile_s": compiled.compile_s,
+        "run_s": run_s,
+        "run_s_all": times,
+        "run_s_min": min(times),
+        "env_steps": env_steps,
+        "steps_per_s": env_steps / run_s,
+        **(extra or {}),
+    }
+    return row, out
+
+
 # ---- environment and results files --------------------------------------------------------
 def _git_commit() -> str | None:
     root = Path(__file__).resolve().parent.parent

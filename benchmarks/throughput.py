@@ -33,11 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from common import (
     add_common_args,
-    aot_compile,
     apply_common_args,
-    median,
+    measure,
     print_table,
-    timed,
     warm_up_backend,
     write_jsonl,
 )
@@ -81,29 +79,6 @@ def fixed_work_plan(min_steps: int):
     assert batch == config.train_batch_size == 1024, (batch, config.train_batch_size)
     n = math.ceil(min_steps / batch)
     return config, plan, n, n * batch
-
-
-def measure(name, fn, arg, repeats, env_steps, extra=None):
-    """AOT-compiles `fn(arg)`, runs it `repeats` times; returns a result row and the output."""
-    compiled = aot_compile(fn, arg)
-    times, out = [], None
-    for _ in range(repeats):
-        out, dt = timed(compiled, arg)
-        times.append(dt)
-    run_s = median(times)
-    row = {
-        "case": name,
-        "compile_s": compiled.total_s,
-        "lower_s": compiled.lower_s,
-        "xla_compile_s": compiled.compile_s,
-        "run_s": run_s,
-        "run_s_all": times,
-        "run_s_min": min(times),
-        "env_steps": env_steps,
-        "steps_per_s": env_steps / run_s,
-        **(extra or {}),
-    }
-    return row, out
 
 
 def check_steps(results, expected_per_seed: int) -> float:

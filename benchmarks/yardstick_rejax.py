@@ -44,11 +44,10 @@ import jax.numpy as jnp
 from common import (
     _git_commit,
     add_common_args,
-    aot_compile,
     apply_common_args,
+    measure,
     median,
     print_table,
-    timed,
     warm_up_backend,
     write_jsonl,
 )
@@ -143,23 +142,8 @@ def run_rejax(args, cases) -> dict:
 
 def measure_jaxplan(name, fn, arg, execs, env_steps, steps_per_seed) -> dict:
     jax.clear_caches()  # cold compile in every round, like rejax's fresh process
-    compiled = aot_compile(fn, arg)
-    times, out = [], None
-    for _ in range(execs):
-        out, dt = timed(compiled, arg)
-        times.append(dt)
-    run_s = median(times)
-    return {
-        "case": name,
-        "compile_s": compiled.total_s,
-        "lower_s": compiled.lower_s,
-        "xla_compile_s": compiled.compile_s,
-        "run_s": run_s,
-        "run_s_all": times,
-        "env_steps": env_steps,
-        "steps_per_s": env_steps / run_s,
-        "final_R": check_steps(out[1], steps_per_seed),
-    }
+    row, out = measure(name, fn, arg, execs, env_steps)
+    return {**row, "final_R": check_steps(out[1], steps_per_seed)}
 
 
 def run_jaxplan(args, plan, n, steps, cases) -> list[dict]:
