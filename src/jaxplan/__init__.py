@@ -11,6 +11,8 @@ from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.run import Stop, make_train, run_iterations, train_seeds
 from jaxplan.stages import (
     ConcatBatches,
+    DataParallelTrainOneStep,
+    MultiGPUTrainOneStep,
     ParallelRollouts,
     SelectExperiences,
     StandardizeFields,
@@ -26,9 +28,11 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_POLICY_ID",
     "ConcatBatches",
+    "DataParallelTrainOneStep",
     "Env",
     "Flow",
     "MultiAgentBatch",
+    "MultiGPUTrainOneStep",
     "PPOConfig",
     "PPOHParams",
     "PPOPolicy",

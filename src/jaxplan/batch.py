@@ -39,10 +39,16 @@ class MultiAgentBatch:
 
     `env_steps` is what RLlib counts as `env_steps()`: several agents acting in one env step
     count once; `agent_steps()` is the total number of rows over all policies.
+
+    Inside a multi-device plan (`shard_map`) the rows are split across the mesh axis
+    `shard_axis` into `num_shards` equal shards: each device's `policy_batches` hold its own
+    shard, while `env_steps` and `agent_steps()` count the whole (global) batch.
     """
 
     policy_batches: dict[str, SampleBatch]
     env_steps: int = struct.field(pytree_node=False)
+    shard_axis: str | None = struct.field(pytree_node=False, default=None)
+    num_shards: int = struct.field(pytree_node=False, default=1)
 
     def agent_steps(self) -> int:
-        return sum(batch_rows(b) for b in self.policy_batches.values())
+        return self.num_shards * sum(batch_rows(b) for b in self.policy_batches.values())

@@ -78,6 +78,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not use the persistent XLA compilation cache",
     )
     train.add_argument("--quiet", action="store_true", help="no per-iteration lines")
+    dev = train.add_argument_group(
+        "devices and hosts",
+        "data-parallel training on a mesh of devices, across processes via jax.distributed",
+    )
+    dev.add_argument(
+        "--num-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="devices of the data-parallel mesh (config num_devices): 0 = one device, no mesh; "
+        "-1 = all devices (the default in a multi-process run)",
+    )
+    dev.add_argument(
+        "--coordinator-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="jax.distributed coordinator (else $JAX_COORDINATOR_ADDRESS)",
+    )
+    dev.add_argument(
+        "--num-processes",
+        type=int,
+        default=None,
+        help="processes in the run (else $JAX_NUM_PROCESSES)",
+    )
+    dev.add_argument(
+        "--process-id", type=int, default=None, help="this process's id (else $JAX_PROCESS_ID)"
+    )
     return parser
 
 
@@ -155,9 +182,15 @@ def _check_args(args) -> None:
 def _train(args) -> int:
     _check_args(args)
     overrides = parse_overrides(args.config)
+    if args.num_devices is not None:
+        overrides["num_devices"] = args.num_devices
     # Config, env and plan are checked before JAX compiles anything.
+    from jaxplan import distributed
     from jaxplan.ppo.config import PPOConfig, preset_config
 
+    settings = distributed.resolve_settings(
+        args.coordinator_address, args.num_processes, args.process_id
+    )
     if args.no_preset:
         config = PPOConfig().updated({**overrides, "env": args.env})
     else:
@@ -167,7 +200,13 @@ def _train(args) -> int:
 
     import jax
 
-    if not args.no_compile_cache:
+    multi_process = distributed.initialize(settings)
+    if multi_process and "num_devices" not in overrides and config.data_parallel_devices == 0:
+        config = config.updated({"num_devices": -1})  # one mesh over every process's devices
+    writes = distributed.is_writer()
+    if not writes:
+        args.quiet = True
+    if not args.no_compile_cache and not multi_process:
         _enable_compile_cache(jax)
     from jaxplan.ppo.plan import build_workers, execution_plan
     from jaxplan.run import Stop
@@ -184,18 +223,19 @@ def _train(args) -> int:
         training_iteration=args.stop_iters,
     )
     seeds = list(range(args.seed, args.seed + args.num_seeds))
-    writer = _ResultWriter(args.output, config, seeds) if args.output else None
+    writer = _ResultWriter(args.output, config, seeds) if args.output and writes else None
+    say = print if writes else _silent
 
-    print(
+    say(
         f"jaxplan: PPO on {config.env} | seeds {seeds[0]}..{seeds[-1]} | {steps_per_iter} env "
         f"steps/iter ({workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
         f"{workers.rollout_fragment_length} steps) | {config.num_sgd_iter} epochs of minibatch "
-        f"{config.sgd_minibatch_size} | {_describe_stop(stop)} | {jax.default_backend()}",
+        f"{config.sgd_minibatch_size} | {_describe_stop(stop)} | {_describe_devices(jax, workers)}",
         flush=True,
     )
     chunk_fn, states, t_compile = _compile(plan, seeds, args.report_every, stop)
     t_start = time.perf_counter()
-    print(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
+    say(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
     done_at: dict[int, dict] = {}
     while len(done_at) < len(seeds):
         t0 = time.perf_counter()
@@ -222,16 +262,33 @@ def _train(args) -> int:
                     done_at[seed] = r
             if row:
                 lines.append(row)
+        if workers.mesh is not None:  # collective: every process checks, every chunk
+            distributed.check_replicated(states.policies, "policies")
         if writer:
             writer.write([r for row in lines for r in row])
+            writer.checkpoint(states, seeds)
         if not args.quiet:
             for row in lines:
                 print(_format_line(row), flush=True)
     total = time.perf_counter() - t_start
-    _print_summary(args, done_at, seeds, total, t_compile)
+    if writes:
+        _print_summary(args, done_at, seeds, total, t_compile)
     if writer:
-        print(f"jaxplan: results in {writer.path}")
+        print(f"jaxplan: results in {writer.path}, final policies in {writer.checkpoint_path}")
     return 0
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+def _describe_devices(jax, workers) -> str:
+    backend = jax.default_backend()
+    if workers.mesh is None:
+        return f"1 {backend} device"
+    n = workers.mesh.size
+    where = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    return f"{n} {workers.mesh.devices.flat[0].platform} devices{where} (data-parallel)"
 
 
 def _enable_compile_cache(jax) -> None:
@@ -250,6 +307,7 @@ def _compile(plan, seeds, chunk, stop):
     of both programs."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from jaxplan.run import run_iterations
 
@@ -257,7 +315,8 @@ def _compile(plan, seeds, chunk, stop):
         return run_iterations(plan, state, chunk, stop)
 
     t0 = time.perf_counter()
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
+    # host arrays: in a multi-process run every process passes the same (replicated) keys
+    keys = np.asarray(jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32)))
     if len(seeds) > 1:
         init = jax.jit(jax.vmap(plan.init)).lower(keys).compile()
         compiled = jax.jit(jax.vmap(run_chunk), donate_argnums=0).lower(init.out_info).compile()
@@ -333,7 +392,9 @@ def _finite(x):
 
 
 class _ResultWriter:
-    """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites."""
+    """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites. Keeps
+    the latest policies (params, optimizer state, kl_coeff) and counters in
+    `checkpoint.msgpack`, replaced atomically after each chunk."""
 
     def __init__(self, directory: Path, config, seeds):
         try:
@@ -356,6 +417,20 @@ class _ResultWriter:
         tmp.write_text(json.dumps(params, indent=2) + "\n")
         os.replace(tmp, directory / "params.json")
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at exit
+        self.checkpoint_path = directory / "checkpoint.msgpack"
+        if self.checkpoint_path.exists():
+            n = 1
+            while (directory / f"checkpoint.{n}.msgpack").exists():
+                n += 1
+            self.checkpoint_path.rename(directory / f"checkpoint.{n}.msgpack")
+
+    def checkpoint(self, states, seeds) -> None:
+        from jaxplan.checkpoint import save
+
+        save(
+            self.checkpoint_path,
+            {"seeds": seeds, "policies": states.policies, "counters": states.counters},
+        )
 
     def write(self, results: list[dict]) -> None:
         if not results:

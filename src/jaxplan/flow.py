@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from jaxplan.workers import PlanState, WorkerSet
 
@@ -85,10 +86,19 @@ class Plan:
         self.host_stages = host_stages
 
     def init(self, key: jax.Array, hparams: dict[str, Any] | None = None) -> PlanState:
-        return self.workers.init(key, hparams)
+        """Fresh `PlanState`, laid out on the workers' mesh if there is one."""
+        return self.workers.place(self.workers.init(key, hparams))
 
     def step(self, state: PlanState) -> tuple[PlanState, Result]:
-        return self._pull(state)
+        """One training iteration. On a mesh the stages run inside `jax.shard_map` over its
+        devices (actor groups split, the rest replicated; the result is replicated)."""
+        workers = self.workers
+        if workers.mesh is None:
+            return self._pull(state)
+        specs = workers.state_specs()
+        return jax.shard_map(
+            self._pull, mesh=workers.mesh, in_specs=(specs,), out_specs=(specs, P())
+        )(state)
 
     def for_each(self, fn: Callable[[dict], Any]) -> Plan:
         """Adds a host-side function of each result (its return value, if not None, replaces it)."""

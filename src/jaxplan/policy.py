@@ -40,9 +40,19 @@ class Policy(Protocol):
         """Adds `vf_preds`, `advantages`, `value_targets` to a time-major trajectory `[T, *B]`."""
 
     def loss(
-        self, params: Any, hparams: Any, kl_coeff: jax.Array, batch: SampleBatch
+        self,
+        params: Any,
+        hparams: Any,
+        kl_coeff: jax.Array,
+        batch: SampleBatch,
+        axis_name: str | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Scalar loss on a minibatch and its learner statistics (scalars)."""
+        """Scalar loss on a minibatch and its learner statistics (scalars).
+
+        Data-parallel SGD passes `axis_name` when `batch` is this device's shard of the
+        minibatch (the trainer averages loss gradients and statistics across the axis; a
+        statistic that is not a mean of rows should reduce over the axis itself). A policy
+        used on one device only may leave the argument out."""
 
     def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:
         """One optimizer step."""

@@ -13,9 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxplan.batch import DEFAULT_POLICY_ID
 from jaxplan.counters import Counter
+from jaxplan.devices import AXIS
 from jaxplan.envs import Env
 from jaxplan.policy import Policy, PolicyState
 
@@ -94,6 +97,10 @@ class WorkerSet:
 
     Single-agent: the env's one agent acts with `DEFAULT_POLICY_ID`. `num_workers=0` means one
     group (RLlib's local worker samples), so the number of actor groups is `max(1, num_workers)`.
+
+    With a `mesh` (see `jaxplan.devices`), plans run on its devices: each device steps its own
+    `num_actor_groups / num_shards` groups (the group axis of `ActorState` is sharded), and
+    everything else in `PlanState` is replicated.
     """
 
     def __init__(
@@ -107,6 +114,7 @@ class WorkerSet:
         policies_to_train: Sequence[str] | None = None,
         normalize_actions: bool = True,
         metrics_smoothing_episodes: int = 100,
+        mesh: Mesh | None = None,
     ):
         if list(policies) != [DEFAULT_POLICY_ID]:
             raise ValueError(
@@ -134,6 +142,45 @@ class WorkerSet:
         if unknown:
             raise ValueError(f"policies_to_train {unknown} not in policies {list(self.policies)}")
         self._trainable = tuple(train)
+        self.mesh = mesh
+        if mesh is not None and self.num_actor_groups % mesh.size:
+            raise ValueError(
+                f"num_workers={num_workers}: {self.num_actor_groups} actor group(s) cannot be "
+                f"split evenly across {mesh.size} devices; use a multiple of {mesh.size}"
+            )
+
+    @property
+    def axis_name(self) -> str | None:
+        """The data-parallel mesh axis stages reduce over, or None on one device."""
+        return None if self.mesh is None else AXIS
+
+    @property
+    def num_shards(self) -> int:
+        """Devices the actor groups are split across (1 without a mesh)."""
+        return 1 if self.mesh is None else self.mesh.size
+
+    @property
+    def local_groups(self) -> int:
+        """Actor groups stepped by each device."""
+        return self.num_actor_groups // self.num_shards
+
+    def state_specs(self) -> PlanState:
+        """`PartitionSpec`s of `PlanState` on the mesh, as a pytree prefix: the actor groups are
+        split across the devices, everything else is replicated."""
+        rep = P()
+        return PlanState(policies=rep, actors=P(AXIS), episodes=rep, counters=rep, key=rep)
+
+    def place(self, state: PlanState) -> PlanState:
+        """`state` laid out on the mesh as `state_specs` says (unchanged without a mesh); works
+        eagerly and under `jit`/`vmap`."""
+        if self.mesh is None:
+            return state
+        shardings = jax.tree.map(
+            lambda spec: NamedSharding(self.mesh, spec),
+            self.state_specs(),
+            is_leaf=lambda x: isinstance(x, P),
+        )
+        return jax.lax.with_sharding_constraint(state, _expand(shardings, state))
 
     @property
     def num_actor_groups(self) -> int:
@@ -173,3 +220,13 @@ class WorkerSet:
             counters=Counters.zero(),
             key=key,
         )
+
+
+def _expand(prefix, tree):
+    """Broadcasts each leaf of the prefix tree `prefix` over the matching subtree of `tree`."""
+    return jax.tree.map(
+        lambda p, sub: jax.tree.map(lambda _: p, sub),
+        prefix,
+        tree,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )

@@ -33,7 +33,8 @@ class MultiAgentConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
-    """RLlib PPO's configuration keys with RLlib's defaults (`lambda` is spelled `lambda_`)."""
+    """RLlib PPO's configuration keys with RLlib's defaults (the fields `lambda_` and
+    `fake_gpus` are RLlib's keys `lambda` and `_fake_gpus`)."""
 
     env: str = "CartPole-v1"
     env_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -56,8 +57,19 @@ class PPOConfig:
     grad_clip: float | None = None
     normalize_actions: bool = True
     metrics_smoothing_episodes: int = 100
+    # devices (see jaxplan.devices): RLlib's num_gpus / _fake_gpus, and jaxplan's num_devices
+    simple_optimizer: bool = False
+    num_gpus: int = 0
+    num_devices: int | None = None
+    fake_gpus: bool = False  # key "_fake_gpus"
     model: ModelConfig = ModelConfig()
     multiagent: MultiAgentConfig = MultiAgentConfig()
+
+    @property
+    def data_parallel_devices(self) -> int:
+        """Devices of the data-parallel mesh: `num_devices` if set, else `num_gpus` (0 = one
+        device without a mesh, -1 = all)."""
+        return self.num_gpus if self.num_devices is None else self.num_devices
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -123,6 +135,32 @@ class PPOConfig:
             "model.fcnet_activation",
             f"must be one of {sorted(ACTIVATIONS)}",
         )
+        for key in ("num_gpus", "num_devices"):
+            value = getattr(self, key)
+            check(
+                value is None or value >= -1,
+                key,
+                "must be -1 (all devices), 0 (one device, no mesh) or a device count",
+            )
+        check(
+            self.num_devices is None or self.num_gpus in (0, self.num_devices),
+            "num_gpus",
+            f"disagrees with num_devices ({self.num_devices}); set one of them",
+        )
+        n = self.data_parallel_devices
+        if n > 1:
+            groups = max(1, self.num_workers)
+            check(
+                groups % n == 0,
+                "num_workers",
+                f"{groups} actor group(s) cannot be split evenly across {n} devices; "
+                f"use a multiple of {n}",
+            )
+            check(
+                self.simple_optimizer or self.sgd_minibatch_size % n == 0,
+                "sgd_minibatch_size",
+                f"does not split evenly across {n} devices; use a multiple of {n}",
+            )
         check(
             self.multiagent.count_steps_by in COUNT_STEPS_BY,
             "multiagent.count_steps_by",
@@ -232,11 +270,13 @@ def preset_config(env: str, overrides: Mapping[str, Any] | None = None) -> PPOCo
 
 
 # ---- helpers ------------------------------------------------------------------------------
-_ALIASES = {"lambda": "lambda_"}
+_ALIASES = {"lambda": "lambda_", "_fake_gpus": "fake_gpus"}
+_KEYS = {field: key for key, field in _ALIASES.items()}
 
 
 def _key(field_name: str) -> str:
-    return "lambda" if field_name == "lambda_" else field_name
+    """The RLlib config key of a `PPOConfig` field."""
+    return _KEYS.get(field_name, field_name)
 
 
 def _plain(v):

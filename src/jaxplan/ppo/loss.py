@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxplan import devices
+
 
 def clipped_surrogate(
     logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, clip_param: jax.Array
@@ -24,10 +26,16 @@ def clipped_value_loss(
     return jnp.maximum(jnp.square(values - value_targets), jnp.square(clipped - value_targets))
 
 
-def explained_variance(targets: jax.Array, predictions: jax.Array) -> jax.Array:
-    """`max(-1, 1 - Var(y - pred) / Var(y))` (RLlib's `explained_variance`)."""
-    var_y = jnp.var(targets)
-    return jnp.maximum(-1.0, 1.0 - jnp.var(targets - predictions) / var_y)
+def explained_variance(
+    targets: jax.Array, predictions: jax.Array, axis_name: str | None = None
+) -> jax.Array:
+    """`max(-1, 1 - Var(y - pred) / Var(y))` (RLlib's `explained_variance`). With `axis_name`
+    (inside `shard_map`, equal-sized shards) the variances are those of all shards together."""
+
+    both = jnp.stack([targets - predictions, targets])  # one all-reduce per pass for both
+    mean = devices.mean(jnp.mean(both, axis=1), axis_name)
+    var_err, var_y = devices.mean(jnp.mean(jnp.square(both - mean[:, None]), axis=1), axis_name)
+    return jnp.maximum(-1.0, 1.0 - var_err / var_y)
 
 
 def ppo_loss(
@@ -43,11 +51,15 @@ def ppo_loss(
     hparams,
     kl_coeff: jax.Array,
     use_kl_loss: bool,
+    axis_name: str | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total PPO loss over a minibatch (all inputs `[B]`) and RLlib's learner statistics.
 
     `total = mean(-surr) + [kl_coeff mean(KL)] + vf_loss_coeff mean(vf) - entropy_coeff
     mean(entropy)`; the KL term is present only when `use_kl_loss` (configured kl_coeff > 0).
+    `axis_name`: the minibatch is split across that device axis; the loss and the mean
+    statistics are this shard's (the trainer averages them across devices), and
+    `vf_explained_var` is computed from all shards at once (its variance is not a mean).
     """
     policy_loss = -jnp.mean(clipped_surrogate(logp, old_logp, advantages, hparams.clip_param))
     vf_loss = jnp.mean(clipped_value_loss(values, vf_preds, value_targets, hparams.vf_clip_param))
@@ -62,7 +74,7 @@ def ppo_loss(
         "total_loss": total,
         "policy_loss": policy_loss,
         "vf_loss": vf_loss,
-        "vf_explained_var": explained_variance(value_targets, values),
+        "vf_explained_var": explained_variance(value_targets, values, axis_name),
         "kl": mean_kl,
         "entropy": mean_entropy,
         "entropy_coeff": hparams.entropy_coeff,

@@ -6,12 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxplan.batch import DEFAULT_POLICY_ID
+from jaxplan.devices import make_mesh
 from jaxplan.envs import Env
 from jaxplan.flow import Plan
 from jaxplan.ppo.config import PPOConfig, preset_config
 from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.stages import (
     ConcatBatches,
+    MultiGPUTrainOneStep,
     ParallelRollouts,
     SelectExperiences,
     StandardizeFields,
@@ -34,14 +36,26 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
         )
     )
     rollouts = rollouts.for_each(StandardizeFields(["advantages"]))
-    train_op = rollouts.for_each(
-        TrainOneStep(
-            workers,
-            num_sgd_iter=config.num_sgd_iter,
-            sgd_minibatch_size=config.sgd_minibatch_size,
-            shuffle_sequences=config.shuffle_sequences,
+    if config.simple_optimizer:
+        train_op = rollouts.for_each(
+            TrainOneStep(
+                workers,
+                num_sgd_iter=config.num_sgd_iter,
+                sgd_minibatch_size=config.sgd_minibatch_size,
+                shuffle_sequences=config.shuffle_sequences,
+            )
         )
-    )
+    else:
+        train_op = rollouts.for_each(
+            MultiGPUTrainOneStep(
+                workers,
+                sgd_minibatch_size=config.sgd_minibatch_size,
+                num_sgd_iter=config.num_sgd_iter,
+                num_gpus=config.data_parallel_devices,
+                shuffle_sequences=config.shuffle_sequences,
+                _fake_gpus=config.fake_gpus,
+            )
+        )
     train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL(workers))
     return StandardMetricsReporting(train_op, workers, config).for_each(
         lambda result: warn_about_bad_reward_scales(config, result)
@@ -49,7 +63,9 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
 
 
 def build_workers(config: PPOConfig) -> WorkerSet:
-    """The env and one PPO policy per policy id, as a `WorkerSet`."""
+    """The env and one PPO policy per policy id, as a `WorkerSet` on the config's devices
+    (`num_devices`/`num_gpus`, `_fake_gpus`; see `jaxplan.devices`)."""
+    mesh = make_mesh(config.data_parallel_devices, fake_devices=config.fake_gpus)
     env = Env(config.env, **config.env_config)
     policy = PPOPolicy(env.observation_shape, env.action_space, config)
     return WorkerSet(
@@ -61,6 +77,7 @@ def build_workers(config: PPOConfig) -> WorkerSet:
         policies_to_train=config.multiagent.policies_to_train,
         normalize_actions=config.normalize_actions,
         metrics_smoothing_episodes=config.metrics_smoothing_episodes,
+        mesh=mesh,
     )
 
 

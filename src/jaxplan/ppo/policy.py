@@ -79,7 +79,14 @@ class PPOPolicy:
             sb.VALUE_TARGETS: value_targets,
         }
 
-    def loss(self, params: Any, hparams: PPOHParams, kl_coeff: jax.Array, batch: sb.SampleBatch):
+    def loss(
+        self,
+        params: Any,
+        hparams: PPOHParams,
+        kl_coeff: jax.Array,
+        batch: sb.SampleBatch,
+        axis_name: str | None = None,
+    ):
         inputs, values = self.model.apply(params, batch[sb.OBS])
         return ppo_loss(
             logp=self.dist.log_prob(inputs, batch[sb.ACTIONS]),
@@ -93,6 +100,7 @@ class PPOPolicy:
             hparams=hparams,
             kl_coeff=kl_coeff,
             use_kl_loss=self.use_kl_loss,
+            axis_name=axis_name,
         )
 
     def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:

@@ -5,11 +5,17 @@ from jaxplan.stages.metrics import StandardMetricsReporting, warn_about_bad_rewa
 from jaxplan.stages.rollouts import ParallelRollouts
 from jaxplan.stages.select_experiences import SelectExperiences
 from jaxplan.stages.standardize_fields import StandardizeFields, standardize
-from jaxplan.stages.train_one_step import TrainOneStep
+from jaxplan.stages.train_one_step import (
+    DataParallelTrainOneStep,
+    MultiGPUTrainOneStep,
+    TrainOneStep,
+)
 from jaxplan.stages.update_kl import UpdateKL, update_kl_coeff
 
 __all__ = [
     "ConcatBatches",
+    "DataParallelTrainOneStep",
+    "MultiGPUTrainOneStep",
     "ParallelRollouts",
     "SelectExperiences",
     "StandardMetricsReporting",

@@ -6,7 +6,6 @@ import math
 
 import jax
 
-from jaxplan.batch import MultiAgentBatch
 from jaxplan.flow import Combinator, Pull
 
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
@@ -49,6 +48,6 @@ class ConcatBatches(Combinator):
             merged = jax.tree.map(
                 lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]), stacked.policy_batches
             )
-            return state, MultiAgentBatch(merged, env_steps=rounds * shape.env_steps)
+            return state, shape.replace(policy_batches=merged, env_steps=rounds * shape.env_steps)
 
         return pull

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxplan import batch as sb
+from jaxplan import devices
 from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from jaxplan.envs import Box
 from jaxplan.flow import Flow
@@ -39,19 +40,30 @@ def to_env_action(workers: WorkerSet, actions: jax.Array) -> jax.Array:
 
 
 def sample_round(workers: WorkerSet, state: PlanState) -> tuple[PlanState, MultiAgentBatch]:
-    """One bulk-synchronous round: `[T, groups, envs]` steps, postprocessed and flattened."""
+    """One bulk-synchronous round: `[T, groups, envs]` steps, postprocessed and flattened.
+
+    Randomness is drawn per actor group and per env from keys split for all groups, so the
+    steps of a group do not depend on how many devices the groups are spread over. On a mesh
+    each device steps its `local_groups`; the emitted batch holds this device's rows
+    (`shard_axis` set), and the episode window records every device's episodes in the order
+    one device would.
+    """
     pid = DEFAULT_POLICY_ID
     policy, pstate = workers.policies[pid], state.policies[pid]
     env = workers.env
-    shape = (workers.num_actor_groups, workers.num_envs_per_worker)
+    axis = workers.axis_name
+    groups, envs = workers.num_actor_groups, workers.num_envs_per_worker
     key, k_round = jax.random.split(state.key)
+    act = jax.vmap(policy.compute_actions, in_axes=(None, 0, 0))  # over the local groups
+    env_step_fn = jax.vmap(jax.vmap(env.step))
 
     def env_step(actors, key_t):
         k_act, k_env = jax.random.split(key_t)
-        actions, extras = policy.compute_actions(pstate.params, actors.obs, k_act)
-        env_keys = jax.random.split(k_env, shape[0] * shape[1]).reshape(*shape, -1)
-        obs, env_state, reward, terminated, truncated, final_obs = jax.vmap(jax.vmap(env.step))(
-            env_keys, actors.env_state, to_env_action(workers, actions)
+        act_keys = devices.local_slice(jax.random.split(k_act, groups), axis)
+        env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
+        actions, extras = act(pstate.params, actors.obs, act_keys)
+        obs, env_state, reward, terminated, truncated, final_obs = env_step_fn(
+            devices.local_slice(env_keys, axis), actors.env_state, to_env_action(workers, actions)
         )
         done = terminated | truncated
         ep_return = actors.episode_return + reward
@@ -73,12 +85,14 @@ def sample_round(workers: WorkerSet, state: PlanState) -> tuple[PlanState, Multi
         }
         return new_actors, (transition, (done, ep_return, ep_length))
 
-    actors, (traj, (done, ep_return, ep_length)) = jax.lax.scan(
+    actors, (traj, episodes) = jax.lax.scan(
         env_step, state.actors, jax.random.split(k_round, workers.rollout_fragment_length)
     )
     traj = policy.postprocess_trajectory(pstate.params, pstate.hparams, traj)
     rows = workers.round_env_steps
-    policy_batch = jax.tree.map(lambda x: x.reshape(rows, *x.shape[3:]), traj)
+    local_rows = rows // workers.num_shards
+    policy_batch = jax.tree.map(lambda x: x.reshape(local_rows, *x.shape[3:]), traj)
+    done, ep_return, ep_length = devices.gather(episodes, axis, axis=1)  # [T, groups, envs]
     counters = state.counters
     state = state.replace(
         actors=actors,
@@ -89,4 +103,7 @@ def sample_round(workers: WorkerSet, state: PlanState) -> tuple[PlanState, Multi
         ),
         key=key,
     )
-    return state, MultiAgentBatch({pid: policy_batch}, env_steps=rows)
+    batch = MultiAgentBatch(
+        {pid: policy_batch}, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards
+    )
+    return state, batch

@@ -20,4 +20,4 @@ class SelectExperiences:
 
     def __call__(self, batch: MultiAgentBatch) -> MultiAgentBatch:
         kept = {p: b for p, b in batch.policy_batches.items() if p in self.policy_ids}
-        return MultiAgentBatch(kept, env_steps=batch.env_steps)
+        return batch.replace(policy_batches=kept)

@@ -7,6 +7,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch, SampleBatch, batch_rows
 from jaxplan.flow import Stage
 from jaxplan.policy import Policy, PolicyState
@@ -32,19 +33,32 @@ def sgd_epochs(
     num_sgd_iter: int,
     minibatch_size: int,
     shuffle: bool,
+    axis_name: str | None = None,
 ) -> tuple[PolicyState, dict[str, jax.Array]]:
     """Runs the epochs; returns the new state and each statistic's mean over all minibatches
-    of all epochs."""
+    of all epochs.
+
+    `batch` is the whole train batch. With `axis_name` (data-parallel inside `shard_map`, the
+    same `batch`, `pstate` and `key` on every device) each device computes the loss on its
+    `1/N` slice of every minibatch, and the gradients and statistics are averaged across the
+    devices before the one optimizer step: the same update as one device, up to float
+    rounding.
+    """
     num_rows = batch_rows(batch)
+    on_axis = {} if axis_name is None else {"axis_name": axis_name}
 
     def minibatch_step(ps, mb):
-        grads, stats = jax.grad(policy.loss, has_aux=True)(ps.params, ps.hparams, ps.kl_coeff, mb)
+        grads, stats = jax.grad(policy.loss, has_aux=True)(
+            ps.params, ps.hparams, ps.kl_coeff, mb, **on_axis
+        )
+        grads, stats = devices.mean((grads, stats), axis_name)
         return policy.apply_gradients(ps, grads), stats
 
     def epoch(ps, k):
         # one gather per epoch into [num_minibatches, minibatch_size, ...], then the scan
         # slices it: cheaper than a gather per minibatch, notably under vmap over seeds
         idx = minibatch_indices(k, num_rows, minibatch_size, shuffle)
+        idx = devices.local_slice(idx, axis_name, axis=1)  # this device's part of each one
         return jax.lax.scan(minibatch_step, ps, jax.tree.map(lambda x: x[idx], batch))
 
     pstate, stats = jax.lax.scan(epoch, pstate, jax.random.split(key, num_sgd_iter))
@@ -56,7 +70,12 @@ class TrainOneStep(Stage):
     holds the loss statistics averaged over every minibatch of every epoch.
 
     `sgd_minibatch_size=0` trains on the whole batch as one minibatch (RLlib's simple path).
+    A batch split across devices is gathered first and every device computes the whole update
+    (RLlib's `simple_optimizer`: rollouts spread out, SGD on one learner); use
+    `MultiGPUTrainOneStep` to split the SGD work too.
     """
+
+    data_parallel = False
 
     def __init__(
         self,
@@ -75,11 +94,16 @@ class TrainOneStep(Stage):
         self.shuffle_sequences = shuffle_sequences
         self._warned: set[tuple[int, int]] = set()
 
-    def _minibatch_size(self, num_rows: int) -> int:
+    def _minibatch_size(self, num_rows: int, num_shards: int) -> int:
         size = self.sgd_minibatch_size or num_rows
         if size > num_rows:
             raise ValueError(
                 f"sgd_minibatch_size ({size}) is larger than the train batch ({num_rows} rows)"
+            )
+        if self.data_parallel and size % num_shards:
+            raise ValueError(
+                f"sgd_minibatch_size ({size}) does not split evenly across {num_shards} devices; "
+                f"use a multiple of {num_shards}"
             )
         if num_rows % size and (num_rows, size) not in self._warned:
             self._warned.add((num_rows, size))
@@ -94,12 +118,14 @@ class TrainOneStep(Stage):
         key, k_sgd = jax.random.split(state.key)
         policies = dict(state.policies)
         learner_info = {}
+        axis = batch.shard_axis if self.data_parallel else None
         for (pid, pb), k in zip(
             batch.policy_batches.items(),
             jax.random.split(k_sgd, len(batch.policy_batches)),
             strict=True,
         ):
-            size = self._minibatch_size(batch_rows(pb))
+            pb = devices.gather(pb, batch.shard_axis)  # the whole train batch on every device
+            size = self._minibatch_size(batch_rows(pb), batch.num_shards)
             policies[pid], stats = sgd_epochs(
                 self.workers.policies[pid],
                 policies[pid],
@@ -108,6 +134,7 @@ class TrainOneStep(Stage):
                 self.num_sgd_iter,
                 size,
                 self.shuffle_sequences,
+                axis_name=axis,
             )
             learner_info[pid] = {"learner_stats": stats}
         counters = state.counters
@@ -120,3 +147,46 @@ class TrainOneStep(Stage):
             key=key,
         )
         return state, (batch, learner_info)
+
+
+class MultiGPUTrainOneStep(TrainOneStep):
+    """Data-parallel `TrainOneStep` (RLlib's name; `DataParallelTrainOneStep` is the same).
+
+    On a plan whose `WorkerSet` has a mesh, the train batch arrives split across the devices;
+    it is gathered, every minibatch is split `N` ways, each device computes the gradient of its
+    slice, and gradients and learner statistics are averaged across devices (and hosts) before
+    one optimizer step on the replicated params, so `N` devices compute the update one device
+    would. Without a mesh it is `TrainOneStep`.
+
+    `num_gpus` and `_fake_gpus` are accepted for RLlib compatibility; the devices are the
+    WorkerSet's mesh (`build_workers` makes it from `config.num_devices`/`num_gpus` and
+    `_fake_gpus`), and a `num_gpus` that disagrees with it is an error.
+    """
+
+    data_parallel = True
+
+    def __init__(
+        self,
+        workers: WorkerSet,
+        sgd_minibatch_size: int = 0,
+        num_sgd_iter: int = 1,
+        num_gpus: int | None = None,
+        shuffle_sequences: bool = True,
+        _fake_gpus: bool = False,  # noqa: PT019 - RLlib's keyword
+    ):
+        super().__init__(workers, num_sgd_iter, sgd_minibatch_size, shuffle_sequences)
+        mesh_size = 0 if workers.mesh is None else workers.mesh.size
+        if num_gpus not in (None, -1) and max(num_gpus, 1) != max(mesh_size, 1):
+            raise ValueError(
+                f"MultiGPUTrainOneStep(num_gpus={num_gpus}) but the WorkerSet's mesh has "
+                f"{mesh_size or 'no'} device(s); build the workers with num_devices={num_gpus}"
+            )
+        n = workers.num_shards
+        if sgd_minibatch_size and sgd_minibatch_size % n:
+            raise ValueError(
+                f"sgd_minibatch_size ({sgd_minibatch_size}) does not split evenly across {n} "
+                f"devices; use a multiple of {n}"
+            )
+
+
+DataParallelTrainOneStep = MultiGPUTrainOneStep

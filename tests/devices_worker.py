@@ -1,0 +1,180 @@
+"""Runs in a subprocess started by `test_devices.py` with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` (JAX must see N CPU devices from the
+start). Prints one JSON line of measurements for the parent test to assert on.
+
+    python tests/devices_worker.py equivalence N   # N-device stages vs the 1-device ones
+    python tests/devices_worker.py solve N         # PPO on N devices, CartPole to 475
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jaxplan import MultiGPUTrainOneStep, StandardizeFields, TrainOneStep, ppo_plan
+from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from jaxplan.devices import AXIS
+from jaxplan.ppo.config import preset_config
+from jaxplan.ppo.plan import build_workers
+from jaxplan.run import Stop, run_iterations
+from jaxplan.stages.rollouts import sample_round
+
+PID = DEFAULT_POLICY_ID
+# 8 groups x 2 envs x 16 steps = 256 rows per round: divisible by every N in 1, 2, 4, 8
+SMALL = {
+    "num_workers": 8,
+    "num_envs_per_worker": 2,
+    "rollout_fragment_length": 16,
+    "train_batch_size": 256,
+    "sgd_minibatch_size": 32,
+    "num_sgd_iter": 2,
+    "model": {"fcnet_hiddens": [32, 32]},
+}
+
+
+def max_diff(a, b) -> float:
+    """Largest absolute difference over all leaves (a pytree of arrays)."""
+    diffs = jax.tree.map(
+        lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))),
+        a,
+        b,
+    )
+    return max(jax.tree.leaves(diffs))
+
+
+def equivalence(n: int) -> dict:
+    assert jax.device_count() == n, jax.devices()
+    one = build_workers(preset_config("CartPole-v1", SMALL))  # no mesh
+    many = build_workers(preset_config("CartPole-v1", {**SMALL, "num_devices": n}))
+    out = {"devices": jax.device_count(), "mesh": many.mesh.size}
+
+    # 1. one rollout round: N devices produce the single device's data, row for row
+    state0 = one.init(jax.random.PRNGKey(3))
+    ref_state, ref_batch = jax.jit(lambda s: sample_round(one, s))(state0)
+    specs = many.state_specs()
+    sharded_round = jax.shard_map(
+        lambda s: sample_round(many, s),
+        mesh=many.mesh,
+        in_specs=(specs,),
+        out_specs=(specs, P(AXIS)),
+    )
+    dev_state, dev_batch = jax.jit(sharded_round)(many.place(state0))
+    t, g, e = one.rollout_fragment_length, one.num_actor_groups // n, one.num_envs_per_worker
+
+    def device_major_to_time_major(x):  # [n * (t g e), ...] -> [(t n g e), ...]
+        x = np.asarray(x).reshape(n, t, g, e, *x.shape[1:])
+        return x.transpose(1, 0, 2, 3, *range(4, x.ndim)).reshape(-1, *x.shape[4:])
+
+    rows = jax.tree.map(device_major_to_time_major, dev_batch.policy_batches[PID])
+    out["rollout_max_diff"] = max_diff(rows, ref_batch.policy_batches[PID])
+    out["rollout_actions_equal"] = bool(
+        np.array_equal(rows["actions"], ref_batch.policy_batches[PID]["actions"])
+    )
+    out["episodes_equal"] = bool(
+        all(
+            np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+            for x, y in zip(
+                jax.tree.leaves(dev_state.episodes),
+                jax.tree.leaves(ref_state.episodes),
+                strict=True,
+            )
+        )
+    )
+    out["counters_equal"] = bool(
+        all(
+            np.array_equal(x, y)
+            for x, y in zip(
+                jax.tree.leaves(dev_state.counters),
+                jax.tree.leaves(ref_state.counters),
+                strict=True,
+            )
+        )
+    )
+
+    # 2. StandardizeFields + MultiGPUTrainOneStep on the same global batch (device-major shards)
+    #    against the single-device StandardizeFields + TrainOneStep
+    global_batch = ref_batch.policy_batches[PID]
+    train_state = ref_state
+
+    def reference(state, pb):
+        batch = StandardizeFields(["advantages"])(MultiAgentBatch({PID: pb}, env_steps=256))
+        state, (batch, info) = TrainOneStep(one, num_sgd_iter=2, sgd_minibatch_size=32)(
+            state, batch
+        )
+        return state.policies, info, batch.policy_batches[PID]["advantages"]
+
+    def data_parallel(state, pb):
+        batch = MultiAgentBatch({PID: pb}, env_steps=256, shard_axis=AXIS, num_shards=n)
+        batch = StandardizeFields(["advantages"])(batch)
+        step = MultiGPUTrainOneStep(many, sgd_minibatch_size=32, num_sgd_iter=2, num_gpus=n)
+        state, (batch, info) = step(state, batch)
+        return state.policies, info, batch.policy_batches[PID]["advantages"]
+
+    ref_pol, ref_info, ref_adv = jax.jit(reference)(train_state, global_batch)
+    dp = jax.shard_map(
+        data_parallel,
+        mesh=many.mesh,
+        in_specs=(P(), P(AXIS)),
+        out_specs=(P(), P(), P(AXIS)),
+    )
+    dp_pol, dp_info, dp_adv = jax.jit(dp)(train_state, global_batch)
+    out["standardized_max_diff"] = max_diff(dp_adv, ref_adv)
+    out["params_max_diff"] = max_diff(dp_pol[PID].params, ref_pol[PID].params)
+    out["params_max_abs"] = max(
+        float(np.max(np.abs(x))) for x in jax.tree.leaves(ref_pol[PID].params)
+    )
+    out["opt_state_max_diff"] = max_diff(dp_pol[PID].opt_state, ref_pol[PID].opt_state)
+    out["stats_max_diff"] = {
+        k: max_diff(dp_info[PID]["learner_stats"][k], v)
+        for k, v in ref_info[PID]["learner_stats"].items()
+    }
+    out["params_changed"] = max_diff(ref_pol[PID].params, train_state.policies[PID].params)
+
+    # 3. the replication check notices a replica that differs (N > 1 only)
+    if n > 1:
+        from jax.sharding import NamedSharding
+
+        from jaxplan.distributed import check_replicated
+
+        sharding = NamedSharding(many.mesh, P())
+        replicas = [
+            jax.device_put(jnp.full((3,), float(i == 1)), d)
+            for i, d in enumerate(many.mesh.devices.flat)
+        ]
+        bad = jax.make_array_from_single_device_arrays((3,), sharding, replicas)
+        try:
+            check_replicated({"w": bad})
+            out["divergence_caught"] = False
+        except RuntimeError as e:
+            out["divergence_caught"] = "['w']" in str(e)
+        check_replicated(dp_pol)  # the trained policies are replicated: no error
+    return out
+
+
+def solve(n: int) -> dict:
+    """The CartPole preset on n devices, stopped at 475 or 150k env steps."""
+    plan = ppo_plan({"num_devices": n}, env="CartPole-v1")
+    stop = Stop(episode_reward_mean=475.0, timesteps_total=150_000)
+    run = jax.jit(lambda s: run_iterations(plan, s, 50, stop))
+    state = jax.jit(plan.init)(jax.random.PRNGKey(0))
+    best, steps = float("nan"), 0
+    for _ in range(6):  # 300 iterations of 512 steps at most; Stop ends it earlier
+        state, results = run(state)
+        reports = plan.reports(results)
+        done = [r for r in reports if r["done"]]
+        last = done[0] if done else reports[-1]
+        best, steps = last["episode_reward_mean"], last["timesteps_total"]
+        if done:
+            break
+    return {"mesh": plan.workers.mesh.size, "episode_reward_mean": best, "timesteps_total": steps}
+
+
+if __name__ == "__main__":
+    mode, n = sys.argv[1], int(sys.argv[2])
+    result = {"equivalence": equivalence, "solve": solve}[mode](n)
+    print(json.dumps(result))
