@@ -39,16 +39,64 @@ def _env(num_devices: int) -> dict:
     return env
 
 
-def _worker(mode: str, n: int) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), mode, str(n)],
-        env=_env(n),
-        capture_output=True,
+def _popen(args, num_devices: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env=_env(num_devices),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+WORKERS = [("equivalence", 1), ("equivalence", 2), ("equivalence", 4), ("equivalence", 8)]
+WORKERS += [("solve", 4), ("async", 2)]
+CLI_COMMON = ["--stop-iters", "4", "--report-every", "2", "--no-compile-cache", "--seed", "5"]
+
+
+class _Subprocesses:
+    """Every multi-device check of this module, started at once: the subprocesses are mostly
+    single-threaded compiles, so running them side by side keeps both cores busy."""
+
+    def __init__(self, tmp: Path):
+        self.workers = {(mode, n): _popen([str(WORKER), mode, str(n)], n) for mode, n in WORKERS}
+        port = _free_port()
+        self.multi_dir, self.single_dir = tmp / "multi", tmp / "single"
+        cli = ["-m", "jaxplan.cli", "train", "ppo", *CLI_COMMON]
+        multi = [
+            *cli,
+            *["--output", str(self.multi_dir), "--coordinator-address", f"127.0.0.1:{port}"],
+            *["--num-processes", "2", "--process-id"],
+        ]
+        self.cli = [_popen([*multi, str(i)], 2) for i in range(2)]
+        self.cli.append(_popen([*cli, "--output", str(self.single_dir), "--num-devices", "4"], 4))
+
+    def worker(self, mode: str, n: int) -> dict:
+        proc = self.workers[(mode, n)]
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        return json.loads(stdout.strip().splitlines()[-1])
+
+    def cli_outputs(self) -> list[tuple[str, str]]:
+        outs = [p.communicate(timeout=900) for p in self.cli]
+        for p, (_, stderr) in zip(self.cli, outs, strict=True):
+            assert p.returncode == 0, stderr[-3000:]
+        return outs
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    procs = _Subprocesses(tmp_path_factory.mktemp("devices"))
+    yield procs
+    for p in [*procs.workers.values(), *procs.cli]:
+        if p.poll() is None:
+            p.kill()
 
 
 # ---- N devices == 1 device ------------------------------------------------------------------
@@ -60,8 +108,8 @@ STATS_ATOL = 1e-5
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
-def test_n_devices_match_one_device(n):
-    out = _worker("equivalence", n)
+def test_n_devices_match_one_device(launched, n):
+    out = launched.worker("equivalence", n)
     assert out["devices"] == n and out["mesh"] == n
     # sharded rollouts: each device steps its own actor groups, yet together they produce the
     # one-device data row for row (per-group keys), the same episode window and counters
@@ -79,30 +127,23 @@ def test_n_devices_match_one_device(n):
         assert out["divergence_caught"]
 
 
-def test_ppo_on_four_devices_solves_cartpole():
-    out = _worker("solve", 4)
+def test_ppo_on_four_devices_solves_cartpole(launched):
+    out = launched.worker("solve", 4)
     assert out["mesh"] == 4
     assert out["episode_reward_mean"] >= 475.0, out
     assert out["timesteps_total"] <= 150_000
 
 
+def test_async_on_two_devices_staggers_groups_per_device(launched):
+    out = launched.worker("async", 2)
+    assert out["mesh"] == 2
+    # 4 groups per device: the warm-up ramp, then groups/device - 1 = 3 train steps of lag
+    assert out["lag_max"] == [0, 1, 2, 3, 3, 3, 3, 3]
+    assert out["steps_per_iter"] == 2 * 2 * 8  # one fragment (2 envs x 8 steps) per device
+    assert len(out["group_versions"]) == 8
+
+
 # ---- two processes x two devices == one process x four devices -----------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cli(args, env) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "jaxplan.cli", "train", "ppo", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def _leaves(path: Path) -> list[tuple[str, np.ndarray]]:
     tree = serialization.msgpack_restore(path.read_bytes())
     return [
@@ -111,31 +152,9 @@ def _leaves(path: Path) -> list[tuple[str, np.ndarray]]:
     ]
 
 
-def test_two_processes_match_one_process(tmp_path):
-    common = ["--stop-iters", "4", "--report-every", "2", "--no-compile-cache", "--seed", "5"]
-    port = _free_port()
-    multi_dir, single_dir = tmp_path / "multi", tmp_path / "single"
-    procs = [
-        _cli(
-            [
-                *common,
-                "--output",
-                str(multi_dir),
-                "--coordinator-address",
-                f"127.0.0.1:{port}",
-                "--num-processes",
-                "2",
-                "--process-id",
-                str(i),
-            ],
-            _env(2),
-        )
-        for i in range(2)
-    ]
-    single = _cli([*common, "--output", str(single_dir), "--num-devices", "4"], _env(4))
-    outs = [p.communicate(timeout=600) for p in [*procs, single]]
-    for p, (_, stderr) in zip([*procs, single], outs, strict=True):
-        assert p.returncode == 0, stderr[-3000:]
+def test_two_processes_match_one_process(launched):
+    outs = launched.cli_outputs()
+    multi_dir, single_dir = launched.multi_dir, launched.single_dir
     # the mesh spans both processes' devices; only process 0 prints and writes
     assert "4 cpu devices on 2 processes" in outs[0][0]
     assert "jaxplan" not in outs[1][0] and "iter" not in outs[1][0]

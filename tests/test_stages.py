@@ -419,6 +419,7 @@ def test_sgd_epochs_cover_distinct_rows(num_rows, mb, shuffle):
         opt_state=None,
         hparams=None,
         kl_coeff=jnp.float32(0),
+        version=jnp.int32(0),
     )
     batch = {"row": jnp.arange(num_rows, dtype=jnp.int32)}
     run = jax.jit(sgd_epochs, static_argnums=(0, 4, 5, 6))

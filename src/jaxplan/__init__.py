@@ -8,6 +8,7 @@ from jaxplan.plans import sample_only_plan
 from jaxplan.ppo.config import PPOConfig, PPOHParams, preset_config
 from jaxplan.ppo.plan import build_workers, execution_plan, ppo_plan
 from jaxplan.ppo.policy import PPOPolicy
+from jaxplan.random_policy import RandomPolicy
 from jaxplan.run import Stop, make_train, run_iterations, train_seeds
 from jaxplan.stages import (
     ConcatBatches,
@@ -21,6 +22,7 @@ from jaxplan.stages import (
     UpdateKL,
     warn_about_bad_reward_scales,
 )
+from jaxplan.vtrace import vtrace
 from jaxplan.workers import PlanState, WorkerSet
 
 __version__ = "0.1.0"
@@ -39,6 +41,7 @@ __all__ = [
     "ParallelRollouts",
     "Plan",
     "PlanState",
+    "RandomPolicy",
     "SampleBatch",
     "SelectExperiences",
     "Stage",
@@ -57,5 +60,6 @@ __all__ = [
     "run_iterations",
     "sample_only_plan",
     "train_seeds",
+    "vtrace",
     "warn_about_bad_reward_scales",
 ]

@@ -23,6 +23,7 @@ ACTION_DIST_INPUTS = "action_dist_inputs"
 VF_PREDS = "vf_preds"
 ADVANTAGES = "advantages"
 VALUE_TARGETS = "value_targets"
+POLICY_VERSION = "policy_version"  # int32: version of the params that acted (policy lag)
 
 SampleBatch = dict[str, jax.Array]
 """Field name -> array `[rows, ...]`; all fields have the same number of rows."""

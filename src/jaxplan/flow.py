@@ -20,6 +20,9 @@ from jax.sharding import PartitionSpec as P
 from jaxplan.workers import PlanState, WorkerSet
 
 Pull = Callable[[PlanState], tuple[PlanState, Any]]
+Init = Callable[[PlanState], PlanState]
+"""Extends a fresh `PlanState` with the state a stage keeps (e.g. async rollouts' per-group
+params and fragments); a flow's inits run in order after `WorkerSet.init`."""
 
 
 class Stage:
@@ -39,9 +42,16 @@ class Combinator:
 class Flow:
     """A pure dataflow over `PlanState`; see the module docstring."""
 
-    def __init__(self, workers: WorkerSet, pull: Pull):
+    def __init__(self, workers: WorkerSet, pull: Pull, inits: tuple[Init, ...] = ()):
         self.workers = workers
         self.pull = pull
+        self.inits = tuple(inits)
+
+    def init(self, state: PlanState) -> PlanState:
+        """Runs the stages' state initializers on a fresh `PlanState`."""
+        for fn in self.inits:
+            state = fn(state)
+        return state
 
     def for_each(self, fn: Stage | Callable[[Any], Any]) -> Flow:
         upstream = self.pull
@@ -56,10 +66,10 @@ class Flow:
                 state, item = upstream(state)
                 return state, fn(item)
 
-        return Flow(self.workers, pull)
+        return Flow(self.workers, pull, self.inits)
 
     def combine(self, op: Combinator) -> Flow:
-        return Flow(self.workers, op.combine(self.pull))
+        return Flow(self.workers, op.combine(self.pull), self.inits)
 
 
 Result = dict[str, Any]
@@ -79,15 +89,21 @@ class Plan:
         pull: Pull,
         to_host: Callable[[Result], dict],
         host_stages: tuple[Callable[[dict], Any], ...] = (),
+        inits: tuple[Init, ...] = (),
     ):
         self.workers = workers
         self._pull = pull
         self._to_host = to_host
         self.host_stages = host_stages
+        self.inits = tuple(inits)
 
     def init(self, key: jax.Array, hparams: dict[str, Any] | None = None) -> PlanState:
-        """Fresh `PlanState`, laid out on the workers' mesh if there is one."""
-        return self.workers.place(self.workers.init(key, hparams))
+        """Fresh `PlanState` (with the stages' own state), laid out on the workers' mesh if
+        there is one."""
+        state = self.workers.init(key, hparams)
+        for fn in self.inits:
+            state = fn(state)
+        return self.workers.place(state)
 
     def step(self, state: PlanState) -> tuple[PlanState, Result]:
         """One training iteration. On a mesh the stages run inside `jax.shard_map` over its
@@ -102,7 +118,9 @@ class Plan:
 
     def for_each(self, fn: Callable[[dict], Any]) -> Plan:
         """Adds a host-side function of each result (its return value, if not None, replaces it)."""
-        return Plan(self.workers, self._pull, self._to_host, (*self.host_stages, fn))
+        return Plan(
+            self.workers, self._pull, self._to_host, (*self.host_stages, fn), self.inits
+        )
 
     def report(self, result: Result) -> dict:
         """Host side: one device result -> RLlib-style dict, after the host stages."""

@@ -16,12 +16,15 @@ from jaxplan.batch import SampleBatch
 
 @struct.dataclass
 class PolicyState:
-    """Params, optimizer state, traced hyper-parameters and the adaptive KL coefficient."""
+    """Params, optimizer state, traced hyper-parameters, the adaptive KL coefficient and the
+    params' version (int32: how many train steps have updated them; async rollouts measure
+    policy lag with it)."""
 
     params: Any
     opt_state: Any
     hparams: Any
     kl_coeff: jax.Array
+    version: jax.Array
 
 
 class Policy(Protocol):

@@ -25,12 +25,22 @@ from jaxplan.policy import Policy, PolicyState
 
 @struct.dataclass
 class ActorState:
-    """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`."""
+    """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`.
+
+    Async rollouts (staggered actor groups) also keep, per group (leading dim `[groups]`):
+    the params each group acts with and their version, the fragment being collected
+    (`[groups, rollout_fragment_length, envs, ...]`) and how many of its steps are filled.
+    They are None with bulk-synchronous rollouts, where every group acts with the newest params.
+    """
 
     env_state: Any
     obs: jax.Array
     episode_return: jax.Array
     episode_length: jax.Array
+    params: Any = None  # {policy_id: params}, leaves [groups, ...]
+    version: Any = None  # {policy_id: int32 [groups]}
+    fragment: Any = None  # {field: [groups, T, envs, ...]}
+    fill: Any = None  # int32 [groups]
 
 
 @struct.dataclass
@@ -90,6 +100,9 @@ class PlanState:
     episodes: EpisodeWindow
     counters: Counters
     key: jax.Array
+    # async rollouts with num_async > 1: {policy_id: (params, version)} of the last
+    # num_async - 1 rounds, oldest first (leading dim [num_async - 1]); None otherwise
+    param_queue: Any = None
 
 
 class WorkerSet:

@@ -17,6 +17,8 @@ from flax import struct
 from jaxplan.models import ACTIVATIONS
 from jaxplan.stages.concat_batches import COUNT_STEPS_BY
 
+ROLLOUT_MODES = ("bulk_sync", "async")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -57,6 +59,14 @@ class PPOConfig:
     grad_clip: float | None = None
     normalize_actions: bool = True
     metrics_smoothing_episodes: int = 100
+    # rollouts: "bulk_sync" (RLlib PPO) or "async" (staggered actor groups, APPO-style), and
+    # V-trace correction of the advantages for the lag (IMPALA's clipping thresholds)
+    rollout_mode: str = "bulk_sync"
+    num_async: int = 1
+    vtrace: bool = False
+    vtrace_clip_rho_threshold: float = 1.0
+    vtrace_clip_pg_rho_threshold: float = 1.0
+    vtrace_clip_c_threshold: float = 1.0
     # devices (see jaxplan.devices): RLlib's num_gpus / _fake_gpus, and jaxplan's num_devices
     simple_optimizer: bool = False
     num_gpus: int = 0
@@ -135,6 +145,29 @@ class PPOConfig:
             "model.fcnet_activation",
             f"must be one of {sorted(ACTIVATIONS)}",
         )
+        check(
+            self.rollout_mode in ROLLOUT_MODES, "rollout_mode", f"must be one of {ROLLOUT_MODES}"
+        )
+        check(self.num_async >= 1, "num_async", "must be >= 1")
+        check(
+            self.num_async == 1 or self.rollout_mode == "async",
+            "num_async",
+            "only applies to rollout_mode='async'",
+        )
+        for key in (
+            "vtrace_clip_rho_threshold",
+            "vtrace_clip_pg_rho_threshold",
+            "vtrace_clip_c_threshold",
+        ):
+            check(getattr(self, key) > 0, key, "must be > 0")
+        if self.rollout_mode == "async":
+            per_device = max(1, self.num_workers) // max(1, self.data_parallel_devices)
+            check(
+                self.rollout_fragment_length % max(1, per_device) == 0,
+                "rollout_fragment_length",
+                f"must be a multiple of the actor groups per device ({per_device}) with "
+                "rollout_mode='async' (each round every group advances T / groups steps)",
+            )
         for key in ("num_gpus", "num_devices"):
             value = getattr(self, key)
             check(

@@ -16,6 +16,7 @@ from jaxplan.models import ActorCritic, init_actor_critic
 from jaxplan.policy import PolicyState
 from jaxplan.ppo.config import PPOConfig, PPOHParams
 from jaxplan.ppo.loss import ppo_loss
+from jaxplan.vtrace import vtrace
 
 
 class PPOPolicy:
@@ -46,6 +47,7 @@ class PPOPolicy:
             opt_state=self.tx.init(params),
             hparams=PPOHParams.from_config(self.config) if hparams is None else hparams,
             kl_coeff=jnp.float32(self.config.kl_coeff),
+            version=jnp.zeros((), jnp.int32),
         )
 
     def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array):
@@ -59,19 +61,38 @@ class PPOPolicy:
 
     def postprocess_trajectory(self, params: Any, hparams: PPOHParams, traj: sb.SampleBatch):
         """Values of every observation and of every reached observation in one batched critic
-        call, then truncation-correct GAE over the time axis."""
+        call, then truncation-correct GAE over the time axis; with `vtrace`, V-trace
+        advantages and value targets instead, correcting for the params that acted (their
+        log-probs are in the trajectory) not being `params` (async rollouts)."""
         obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
         values = self.model.apply(params, obs_and_next, method=ActorCritic.value)
         vf_preds, next_values = jnp.split(values, 2, axis=0)
-        advantages, value_targets = compute_gae(
-            traj[sb.REWARDS],
-            vf_preds,
-            next_values,
-            traj[sb.TERMINATEDS],
-            traj[sb.TRUNCATEDS],
-            hparams.gamma,
-            hparams.lambda_,
-        )
+        if self.config.vtrace:
+            inputs = self.model.apply(params, traj[sb.OBS], method=ActorCritic.policy)
+            value_targets, advantages = vtrace(
+                traj[sb.ACTION_LOGP],
+                self.dist.log_prob(inputs, traj[sb.ACTIONS]),
+                traj[sb.REWARDS],
+                vf_preds,
+                next_values,
+                traj[sb.TERMINATEDS],
+                traj[sb.TRUNCATEDS],
+                hparams.gamma,
+                hparams.lambda_,
+                clip_rho_threshold=self.config.vtrace_clip_rho_threshold,
+                clip_c_threshold=self.config.vtrace_clip_c_threshold,
+                clip_pg_rho_threshold=self.config.vtrace_clip_pg_rho_threshold,
+            )
+        else:
+            advantages, value_targets = compute_gae(
+                traj[sb.REWARDS],
+                vf_preds,
+                next_values,
+                traj[sb.TERMINATEDS],
+                traj[sb.TRUNCATEDS],
+                hparams.gamma,
+                hparams.lambda_,
+            )
         return {
             **traj,
             sb.VF_PREDS: vf_preds,

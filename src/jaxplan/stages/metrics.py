@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch
 from jaxplan.counters import Counter, counter_value
 from jaxplan.flow import Flow, Plan, Result
@@ -83,6 +84,10 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
                 "num_agent_steps_sampled": counters.num_agent_steps_sampled,
                 "num_steps_trained": counters.num_steps_trained,
                 "num_agent_steps_trained": counters.num_agent_steps_trained,
+                # params versions (train steps applied): each policy's, and per actor group the
+                # version it acts with (async: its snapshot; bulk_sync: the newest)
+                "policy_versions": {pid: ps.version for pid, ps in state.policies.items()},
+                "actor_group_versions": _group_versions(workers, state),
             },
         }
         state = state.replace(
@@ -93,7 +98,15 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
         )
         return state, result
 
-    return Plan(workers, pull, result_to_host)
+    return Plan(workers, pull, result_to_host, inits=flow.inits)
+
+
+def _group_versions(workers: WorkerSet, state: PlanState) -> dict[str, jax.Array]:
+    """`{policy_id: int32 [num_actor_groups]}` (all devices' groups, in group order)."""
+    if state.actors.version is None:
+        groups = workers.num_actor_groups
+        return {pid: jnp.full((groups,), ps.version) for pid, ps in state.policies.items()}
+    return devices.gather(state.actors.version, workers.axis_name)
 
 
 def result_to_host(result: Result) -> dict:

@@ -7,6 +7,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch, SampleBatch, batch_rows
 from jaxplan.flow import Stage
@@ -136,7 +137,13 @@ class TrainOneStep(Stage):
                 self.shuffle_sequences,
                 axis_name=axis,
             )
-            learner_info[pid] = {"learner_stats": stats}
+            info = {"learner_stats": stats}
+            if sb.POLICY_VERSION in pb:  # train steps between the acting and the trained params
+                lag = policies[pid].version - pb[sb.POLICY_VERSION]
+                info["policy_lag_mean"] = jnp.mean(lag.astype(jnp.float32))
+                info["policy_lag_max"] = jnp.max(lag)
+            learner_info[pid] = info
+            policies[pid] = policies[pid].replace(version=policies[pid].version + 1)
         counters = state.counters
         state = state.replace(
             policies=policies,
