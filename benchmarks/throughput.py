@@ -8,12 +8,21 @@ tanh actor and critic, lr 2.5e-4, gamma 0.99, lambda 0.95, clip 0.2, no KL term,
 The 8 envs are laid out as `num_workers=8, num_envs_per_worker=1` (8 actor groups of one env;
 jaxplan `vmap`s both axes, so `1 x 8` is the same program shape-wise).
 
-Cases, each the whole run (ceil(steps / 1024) iterations) as one `lax.scan` program:
+Cases, each the whole run (the same env steps per seed) as one `lax.scan` program:
 
-  ppo             PPO, one seed (`jax.jit(make_train(plan, n))`)
-  sample_only     acting alone with the same workers: rollouts + metrics, no learning
-                  (`sample_only_plan`); the ceiling for PPO at this env count
-  ppo_vmap8       the PPO run for 8 seeds `vmap`ped in one program; steps/s summed over seeds
+  ppo                    PPO, one seed, bulk_sync rollouts (`jax.jit(make_train(plan, n))`); the
+                         baseline of `ratio_to_ppo`
+  ppo_async              the same PPO with `rollout_mode="async"` (staggered actor groups with
+                         lagged params; 8 rounds of one 128-step fragment make a train batch)
+  ppo_async_vtrace       `rollout_mode="async", vtrace=True`
+  sample_only_bulk_sync  acting alone with the same workers: rollouts + metrics, no learning
+                         (`sample_only_plan(workers, mode="bulk_sync")`); the ceiling for PPO at
+                         this env count
+  sample_only_async      the same with `mode="async"` (`sample_only_plan`'s default, RLlib's seed
+                         plan); one iteration is one round = one group's fragment (128 steps)
+  random_async           `sample_only_async` with `RandomPolicy` in place of the PPO policy
+                         (acting without the network)
+  ppo_vmap8              the `ppo` run for 8 seeds `vmap`ped in one program; steps/s summed
 
 For each: compile_s = AOT trace+lower+compile, run_s = median wall time of executing the
 compiled program (`--repeats` times, each from the same initial key, waiting for the results).
@@ -67,18 +76,61 @@ FIXED_WORK: dict = {
     "metrics_smoothing_episodes": 100,
 }
 NUM_SEEDS_VMAP = 8
-CASES = ("ppo", "sample_only", "ppo_vmap8")
+# PPO cases: config overrides on top of FIXED_WORK (`ppo`, bulk_sync, is the ratio baseline).
+PPO_CASES: dict[str, dict] = {
+    "ppo": {},
+    "ppo_async": {"rollout_mode": "async"},
+    "ppo_async_vtrace": {"rollout_mode": "async", "vtrace": True},
+}
+# Acting-only cases, `sample_only_plan` on FIXED_WORK's workers: (rollout mode, policy).
+SAMPLE_CASES: dict[str, tuple[str, str]] = {
+    "sample_only_bulk_sync": ("bulk_sync", "ppo"),
+    "sample_only_async": ("async", "ppo"),
+    "random_async": ("async", "random"),
+}
+CASES = (*PPO_CASES, *SAMPLE_CASES, "ppo_vmap8")
 
 
-def fixed_work_plan(min_steps: int):
-    """The FIXED_WORK config and PPO plan, and the whole iterations `n` covering `min_steps`
-    (`n * 1024` env steps per seed)."""
-    config = jaxplan.preset_config(ENV, FIXED_WORK)
+def fixed_work_plan(min_steps: int, overrides: dict | None = None):
+    """The FIXED_WORK config (with `overrides` on top) and PPO plan, and the whole iterations
+    `n` covering `min_steps` (`n * 1024` env steps per seed)."""
+    config = jaxplan.preset_config(ENV, {**FIXED_WORK, **(overrides or {})})
     plan = jaxplan.ppo_plan(config)
     batch = plan.workers.round_env_steps
     assert batch == config.train_batch_size == 1024, (batch, config.train_batch_size)
     n = math.ceil(min_steps / batch)
     return config, plan, n, n * batch
+
+
+def random_workers(workers):
+    """`workers` with a `RandomPolicy` in place of its policy: same env, actor groups, envs per
+    group, fragment length, metrics window and mesh."""
+    env, normalize = workers.env, workers.normalize_actions
+    policy = jaxplan.RandomPolicy(env.observation_shape, env.action_space, normalize)
+    return jaxplan.WorkerSet(
+        env,
+        {jaxplan.DEFAULT_POLICY_ID: policy},
+        num_workers=workers.num_workers,
+        num_envs_per_worker=workers.num_envs_per_worker,
+        rollout_fragment_length=workers.rollout_fragment_length,
+        normalize_actions=normalize,
+        metrics_smoothing_episodes=workers.metrics_smoothing_episodes,
+        mesh=workers.mesh,
+    )
+
+
+def sample_plan(config, mode: str, policy: str, steps: int):
+    """`sample_only_plan(workers, mode=mode)` on the config's workers (PPO policy, or a
+    `RandomPolicy` when `policy == "random"`), and the iterations that sample exactly `steps`:
+    an iteration is a whole round in bulk_sync, one group's fragment per device in async."""
+    workers = jaxplan.build_workers(config)
+    if policy == "random":
+        workers = random_workers(workers)
+    per_iteration = workers.round_env_steps
+    if mode == "async":
+        per_iteration //= workers.local_groups
+    assert steps % per_iteration == 0, (steps, per_iteration)
+    return jaxplan.sample_only_plan(workers, mode=mode), steps // per_iteration
 
 
 def check_steps(results, expected_per_seed: int) -> float:
@@ -119,25 +171,36 @@ def main(argv=None) -> int:
     rows = []
     for case in args.cases:
         print(f"# {case} ...", flush=True)
-        if case == "ppo":
-            row, (_, res) = measure(case, jaxplan.make_train(plan, n), key, args.repeats, steps)
-            row["seeds"] = 1
-        elif case == "sample_only":
-            sample = jaxplan.sample_only_plan(jaxplan.build_workers(config))
-            train = jaxplan.make_train(sample, n)
+        row_config, seeds, iterations = config, 1, n
+        if case in PPO_CASES:
+            row_config, row_plan, n_case, _ = fixed_work_plan(args.steps, PPO_CASES[case])
+            assert n_case == n, (case, n_case, n)
+            mode, policy = row_config.rollout_mode, "ppo"
+            row, (_, res) = measure(case, jaxplan.make_train(row_plan, n), key, args.repeats, steps)
+        elif case in SAMPLE_CASES:
+            mode, policy = SAMPLE_CASES[case]
+            row_config = config.updated({"rollout_mode": mode})  # recorded; workers unchanged
+            sample, iterations = sample_plan(row_config, mode, policy, steps)
+            train = jaxplan.make_train(sample, iterations)
             row, (_, res) = measure(case, train, key, args.repeats, steps)
-            row["seeds"] = 1
         else:
-            seeds = jnp.arange(args.seed, args.seed + NUM_SEEDS_VMAP, dtype=jnp.uint32)
-            keys = jax.vmap(jax.random.PRNGKey)(seeds)
+            mode, policy, seeds = config.rollout_mode, "ppo", NUM_SEEDS_VMAP
+            seed_ids = jnp.arange(args.seed, args.seed + seeds, dtype=jnp.uint32)
+            keys = jax.vmap(jax.random.PRNGKey)(seed_ids)
             train = jax.vmap(jaxplan.make_train(plan, n))
-            row, (_, res) = measure(case, train, keys, args.repeats, NUM_SEEDS_VMAP * steps)
-            row["seeds"] = NUM_SEEDS_VMAP
+            row, (_, res) = measure(case, train, keys, args.repeats, seeds * steps)
         row["final_episode_reward_mean"] = check_steps(res, steps)
-        row.update(iterations=n, steps_per_seed=steps)
+        row.update(
+            mode=mode,
+            policy=policy,
+            seeds=seeds,
+            iterations=iterations,
+            steps_per_seed=steps,
+            config=row_config.to_dict(),
+        )
         rows.append(row)
         print(
-            f"#   compile {row['compile_s']:.1f} s, run {row['run_s']:.2f} s, "
+            f"#   {mode}: compile {row['compile_s']:.1f} s, run {row['run_s']:.2f} s, "
             f"{row['steps_per_s']:,.0f} steps/s",
             flush=True,
         )
@@ -151,6 +214,7 @@ def main(argv=None) -> int:
         rows,
         [
             ("case", "case", ""),
+            ("mode", "mode", ""),
             ("compile_s", "compile_s", ".2f"),
             ("run_s", "run_s", ".2f"),
             ("env_steps", "env_steps", ","),
@@ -160,7 +224,7 @@ def main(argv=None) -> int:
         ],
     )
     if not args.no_write:
-        records = [{**r, "config": config.to_dict(), "quick": args.quick} for r in rows]
+        records = [{**r, "quick": args.quick} for r in rows]
         path = write_jsonl("throughput", records, args.results_dir)
         print(f"\n# results appended to {path}")
     return 0
