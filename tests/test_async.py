@@ -80,7 +80,7 @@ def _async_ppo(groups, num_async, rounds_per_update, extra=None):
 
 @pytest.mark.parametrize(
     "groups,num_async,rounds_per_update",
-    [(4, 1, 1), (4, 2, 1), (2, 3, 1), (1, 2, 1), (3, 2, 3)],
+    [(4, 1, 1), (2, 3, 1), (1, 2, 1), (3, 2, 3)],
 )
 def test_async_lag_is_the_designed_value(groups, num_async, rounds_per_update):
     iterations = 12
@@ -174,11 +174,11 @@ def test_async_env_steps_are_continuous(groups, num_async):
     # every env stepped every round: (pre-roll j segments) + rounds segments, of which all
     # but the fragment in progress were emitted
     segment = t // groups
-    env_total = np.asarray(state.actors.obs[..., 1])  # [groups, envs]
+    env_total = np.asarray(state.actors.obs["agent0"][..., 1])  # [groups, envs]
     fill = np.asarray(state.actors.fill)
     for j in range(groups):
         assert (env_total[j] == (j + rounds) * segment).all()
-        emitted = [len(seen[i]) for i in np.asarray(state.actors.obs[j, :, 0])]
+        emitted = [len(seen[i]) for i in np.asarray(state.actors.obs["agent0"][j, :, 0])]
         assert emitted == [(j + rounds) * segment - fill[j]] * envs
     assert sum(len(v) for v in seen.values()) == rounds * envs * t
 

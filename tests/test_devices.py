@@ -56,7 +56,7 @@ def _free_port() -> int:
 
 
 WORKERS = [("equivalence", 1), ("equivalence", 2), ("equivalence", 4), ("equivalence", 8)]
-WORKERS += [("solve", 4), ("async", 2)]
+WORKERS += [("solve", 4), ("async", 2), ("ma", 2)]
 CLI_COMMON = ["--stop-iters", "4", "--report-every", "2", "--no-compile-cache", "--seed", "5"]
 
 
@@ -141,6 +141,16 @@ def test_async_on_two_devices_staggers_groups_per_device(launched):
     assert out["lag_max"] == [0, 1, 2, 3, 3, 3, 3, 3]
     assert out["steps_per_iter"] == 2 * 2 * 8  # one fragment (2 envs x 8 steps) per device
     assert len(out["group_versions"]) == 8
+
+
+def test_multi_agent_on_two_devices(launched):
+    out = launched.worker("ma", 2)
+    # each policy's rows from 2 devices are the 1-device rows
+    assert out["rollout_max_diff"]["p0"] <= 1e-6 and out["rollout_max_diff"]["p1"] <= 1e-6
+    # async on 2 devices x 4 groups (8 actor groups), one train step per round: lag 3 per policy
+    assert out["lag_max"] == {"p0": [0, 1, 2, 3, 3, 3], "p1": [0, 1, 2, 3, 3, 3]}
+    assert out["policy_reward_keys"] == ["p0", "p1"]
+    assert out["agent_steps"] == 2 * out["env_steps"]
 
 
 # ---- two processes x two devices == one process x four devices -----------------------------

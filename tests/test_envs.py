@@ -46,6 +46,12 @@ def test_plan_runs_and_learner_stats_are_finite(env, dist, obs_shape):
 def test_box_actions_are_normalized_to_the_bounds():
     plan = jaxplan.ppo_plan(SMALL, env="Pendulum-v1")  # torque in [-2, 2]
     raw = jax.numpy.array([[-5.0], [-1.0], [0.0], [0.5], [3.0]])
-    np.testing.assert_allclose(to_env_action(plan.workers, raw)[:, 0], [-2, -2, 0, 1, 2])
+    np.testing.assert_allclose(
+        to_env_action(plan.workers.env.action_space, raw, plan.workers.normalize_actions)[:, 0],
+        [-2, -2, 0, 1, 2],
+    )
     plain = jaxplan.ppo_plan({**SMALL, "normalize_actions": False}, env="Pendulum-v1")
-    np.testing.assert_allclose(to_env_action(plain.workers, raw)[:, 0], [-2, -1, 0, 0.5, 2])
+    np.testing.assert_allclose(
+        to_env_action(plain.workers.env.action_space, raw, plain.workers.normalize_actions)[:, 0],
+        [-2, -1, 0, 0.5, 2],
+    )

@@ -16,16 +16,18 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxplan.batch import DEFAULT_POLICY_ID
 from jaxplan.counters import Counter
 from jaxplan.devices import AXIS
 from jaxplan.envs import Env
+from jaxplan.multi_agent import as_multi_agent
 from jaxplan.policy import Policy, PolicyState
 
 
 @struct.dataclass
 class ActorState:
-    """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`.
+    """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`:
+    `obs` is `{agent_id: [groups, envs, *obs_shape]}`, `episode_return` is per agent
+    `[groups, envs, num_agents]` (in `WorkerSet.agents` order), `episode_length` `[groups, envs]`.
 
     Async rollouts (staggered actor groups) also keep, per group (leading dim `[groups]`):
     the params each group acts with and their version, the fragment being collected
@@ -103,13 +105,18 @@ class PlanState:
     # async rollouts with num_async > 1: {policy_id: (params, version)} of the last
     # num_async - 1 rounds, oldest first (leading dim [num_async - 1]); None otherwise
     param_queue: Any = None
+    # multi-agent envs: per policy, the window of episode returns of its agents (summed)
+    policy_episodes: dict[str, EpisodeWindow] | None = None
 
 
 class WorkerSet:
     """Actor groups x envs stepping `env` with `policies` (static configuration).
 
-    Single-agent: the env's one agent acts with `DEFAULT_POLICY_ID`. `num_workers=0` means one
-    group (RLlib's local worker samples), so the number of actor groups is `max(1, num_workers)`.
+    `env` is a single-agent `Env` (its one agent, `SINGLE_AGENT_ID`, acts with the one policy)
+    or a multi-agent env (`jaxplan.multi_agent`); `policy_mapping` maps every agent id to a
+    policy id (RLlib's `policy_mapping_fn`, static), several agents may share a policy; without
+    it every agent maps to the only policy. `num_workers=0` means one group (RLlib's local worker
+    samples), so the number of actor groups is `max(1, num_workers)`.
 
     With a `mesh` (see `jaxplan.devices`), plans run on its devices: each device steps its own
     `num_actor_groups / num_shards` groups (the group axis of `ActorState` is sharded), and
@@ -128,12 +135,14 @@ class WorkerSet:
         normalize_actions: bool = True,
         metrics_smoothing_episodes: int = 100,
         mesh: Mesh | None = None,
+        policy_mapping: Mapping[str, str] | None = None,
     ):
-        if list(policies) != [DEFAULT_POLICY_ID]:
-            raise ValueError(
-                f"a single-agent env takes exactly one policy {DEFAULT_POLICY_ID!r}, "
-                f"got {list(policies)}"
-            )
+        self.ma_env = as_multi_agent(env)
+        self.agents = tuple(self.ma_env.agents)
+        self.policy_mapping = _check_mapping(self.ma_env, dict(policies), policy_mapping)
+        self.policy_agents = {
+            pid: tuple(a for a in self.agents if self.policy_mapping[a] == pid) for pid in policies
+        }
         for name, value in [
             ("num_envs_per_worker", num_envs_per_worker),
             ("rollout_fragment_length", rollout_fragment_length),
@@ -181,7 +190,15 @@ class WorkerSet:
         """`PartitionSpec`s of `PlanState` on the mesh, as a pytree prefix: the actor groups are
         split across the devices, everything else is replicated."""
         rep = P()
-        return PlanState(policies=rep, actors=P(AXIS), episodes=rep, counters=rep, key=rep)
+        return PlanState(
+            policies=rep,
+            actors=P(AXIS),
+            episodes=rep,
+            counters=rep,
+            key=rep,
+            param_queue=rep,
+            policy_episodes=rep,
+        )
 
     def place(self, state: PlanState) -> PlanState:
         """`state` laid out on the mesh as `state_specs` says (unchanged without a mesh); works
@@ -204,6 +221,10 @@ class WorkerSet:
         """Env steps one rollout round yields: groups x envs x fragment length."""
         return self.num_actor_groups * self.num_envs_per_worker * self.rollout_fragment_length
 
+    def rows_per_env_step(self, pid: str) -> int:
+        """Rows policy `pid` gets per env step: the number of agents mapped to it."""
+        return len(self.policy_agents[pid])
+
     def trainable_policies(self) -> tuple[str, ...]:
         return self._trainable
 
@@ -218,21 +239,34 @@ class WorkerSet:
         }
         groups, envs = self.num_actor_groups, self.num_envs_per_worker
         env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
-        obs, env_state = jax.vmap(jax.vmap(self.env.reset))(env_keys)
-        zeros = jnp.zeros((groups, envs), jnp.float32)
+        obs, env_state = jax.vmap(jax.vmap(self.ma_env.reset))(env_keys)
         actors = ActorState(
             env_state=env_state,
             obs=obs,
-            episode_return=zeros,
-            episode_length=zeros.astype(jnp.int32),
+            episode_return=jnp.zeros((groups, envs, len(self.agents)), jnp.float32),
+            episode_length=jnp.zeros((groups, envs), jnp.int32),
         )
+        window = self.metrics_smoothing_episodes
         return PlanState(
             policies=policies,
             actors=actors,
-            episodes=EpisodeWindow.empty(self.metrics_smoothing_episodes),
+            episodes=EpisodeWindow.empty(window),
             counters=Counters.zero(),
             key=key,
+            policy_episodes=(
+                {pid: EpisodeWindow.empty(window) for pid in self.policies}
+                if self.is_multi_agent
+                else None
+            ),
         )
+
+    @property
+    def is_multi_agent(self) -> bool:
+        return bool(getattr(self.env, "is_multi_agent", False))
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
 
 
 def _expand(prefix, tree):
@@ -243,3 +277,44 @@ def _expand(prefix, tree):
         tree,
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )
+
+
+def _check_mapping(env, policies: dict, mapping: Mapping[str, str] | None) -> dict[str, str]:
+    """Validates a static agent -> policy mapping (default: every agent -> the only policy)."""
+    agents = tuple(env.agents)
+    if not policies:
+        raise ValueError("a WorkerSet needs at least one policy")
+    if mapping is None:
+        if len(policies) != 1:
+            raise ValueError(
+                f"{len(policies)} policies {list(policies)} need a policy_mapping from the env's "
+                f"agents {list(agents)} to policy ids"
+            )
+        (only,) = policies
+        return {a: only for a in agents}
+    mapping = dict(mapping)
+    missing = [a for a in agents if a not in mapping]
+    extra = [a for a in mapping if a not in agents]
+    if missing or extra:
+        raise ValueError(
+            f"policy_mapping must map exactly the env's agents {list(agents)}; "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unknown agent(s) {extra}" if extra else "")
+        )
+    bad = {a: p for a, p in mapping.items() if p not in policies}
+    if bad:
+        raise ValueError(f"policy_mapping {bad}: not a policy id; policies: {list(policies)}")
+    unused = [p for p in policies if p not in mapping.values()]
+    if unused:
+        raise ValueError(f"policies {unused} have no agent mapped to them in policy_mapping")
+    for pid in policies:
+        mine = [a for a in agents if mapping[a] == pid]
+        shapes = {tuple(env.observation_shapes[a]) for a in mine}
+        spaces = {env.action_spaces[a] for a in mine}
+        if len(shapes) > 1 or len(spaces) > 1:
+            raise ValueError(
+                f"agents {mine} share policy {pid!r} but differ in observation shape {shapes} "
+                f"or action space {spaces}"
+            )
+    return mapping

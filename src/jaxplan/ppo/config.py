@@ -29,8 +29,43 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MultiAgentConfig:
-    count_steps_by: str = "env_steps"
+    """RLlib's `multiagent` block. `policies` maps policy ids to per-policy config overrides
+    (`{}` for none; keys in `PER_POLICY_KEYS`); `policy_mapping` maps every agent id of the env
+    to a policy id (RLlib's `policy_mapping_fn`, static). Without `policies` there is one
+    policy, `default_policy`, shared by every agent."""
+
+    policies: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    policy_mapping: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policies_to_train: tuple[str, ...] | None = None
+    count_steps_by: str = "env_steps"
+
+
+PER_POLICY_KEYS = (
+    "lr",
+    "gamma",
+    "lambda",
+    "kl_coeff",
+    "kl_target",
+    "clip_param",
+    "vf_clip_param",
+    "vf_loss_coeff",
+    "entropy_coeff",
+    "grad_clip",
+    "model",
+    "vtrace",
+    "vtrace_clip_rho_threshold",
+    "vtrace_clip_pg_rho_threshold",
+    "vtrace_clip_c_threshold",
+)
+"""Config keys a policy in `multiagent.policies` may override."""
+
+MULTI_AGENT_ENVS = ("MultiAgentCartPole",)
+JAXMARL_PREFIX = "jaxmarl:"
+
+
+def is_multi_agent_env(name: str) -> bool:
+    """Whether the env id names a multi-agent env (built-in or `jaxmarl:...`)."""
+    return name in MULTI_AGENT_ENVS or name.startswith(JAXMARL_PREFIX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +109,20 @@ class PPOConfig:
     fake_gpus: bool = False  # key "_fake_gpus"
     model: ModelConfig = ModelConfig()
     multiagent: MultiAgentConfig = MultiAgentConfig()
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        """The policies of the plan (`default_policy` alone without `multiagent.policies`)."""
+        return tuple(self.multiagent.policies) or ("default_policy",)
+
+    def policy_config(self, policy_id: str) -> PPOConfig:
+        """This config with `multiagent.policies[policy_id]`'s overrides applied (and without
+        the other policies: the result describes one policy)."""
+        alone = dataclasses.replace(
+            self,
+            multiagent=MultiAgentConfig(count_steps_by=self.multiagent.count_steps_by),
+        )
+        return alone.updated(dict(self.multiagent.policies.get(policy_id) or {}))
 
     @property
     def data_parallel_devices(self) -> int:
@@ -200,11 +249,50 @@ class PPOConfig:
             f"must be one of {list(COUNT_STEPS_BY)}",
         )
         check(
-            self.multiagent.count_steps_by == "env_steps",
+            self.multiagent.count_steps_by == "env_steps" or is_multi_agent_env(self.env),
             "multiagent.count_steps_by",
-            "'agent_steps' needs a multi-agent env; this env is single-agent",
+            f"'agent_steps' needs a multi-agent env; {self.env!r} is single-agent",
         )
+        self._validate_multiagent(check)
         return self
+
+    def _validate_multiagent(self, check) -> None:
+        ma = self.multiagent
+        pids = self.policy_ids
+        for pid, overrides in ma.policies.items():
+            check(
+                overrides is None or isinstance(overrides, Mapping),
+                f"multiagent.policies.{pid}",
+                "must be a dict of per-policy config overrides (or {})",
+            )
+            bad = [k for k in (overrides or {}) if k not in PER_POLICY_KEYS]
+            check(
+                not bad,
+                f"multiagent.policies.{pid}",
+                f"{bad} cannot differ per policy; per-policy keys: {', '.join(PER_POLICY_KEYS)}",
+            )
+            if overrides:
+                try:
+                    self.policy_config(pid)
+                except ValueError as e:
+                    raise ValueError(f"multiagent.policies.{pid}: {e}") from None
+        unknown = sorted({p for p in ma.policy_mapping.values() if p not in pids})
+        check(
+            not unknown,
+            "multiagent.policy_mapping",
+            f"maps to unknown policy id(s) {unknown}; policies: {list(pids)}",
+        )
+        check(
+            len(pids) == 1 or bool(ma.policy_mapping),
+            "multiagent.policy_mapping",
+            f"is needed to map the env's agents to the {len(pids)} policies {list(pids)}",
+        )
+        unknown = [p for p in (ma.policies_to_train or ()) if p not in pids]
+        check(
+            not unknown,
+            "multiagent.policies_to_train",
+            f"names unknown policy id(s) {unknown}; policies: {list(pids)}",
+        )
 
 
 @struct.dataclass
@@ -276,6 +364,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         vf_loss_coeff=0.5,
     ),
 }
+# multi-agent: the CartPole preset per agent; MPE (JaxMARL) in the style of IPPO's settings
+PRESETS["MultiAgentCartPole"] = dict(PRESETS["CartPole-v1"])
+PRESETS[JAXMARL_PREFIX + "MPE_simple_spread_v3"] = dict(
+    _SMALL_FAST,
+    num_envs_per_worker=8,
+    rollout_fragment_length=32,
+    train_batch_size=1024,
+    sgd_minibatch_size=256,
+    num_sgd_iter=4,
+    lr=1e-3,
+    lambda_=0.95,
+    entropy_coeff=0.01,
+    vf_loss_coeff=0.5,
+    vf_clip_param=100.0,
+)
 for _name in ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "SpaceInvaders-MinAtar"):
     PRESETS[_name] = dict(
         num_workers=8,
@@ -323,7 +426,10 @@ def _plain(v):
 def _lookup(config, dotted: str):
     obj = config
     for part in dotted.split("."):
-        obj = getattr(obj, _ALIASES.get(part, part))
+        if isinstance(obj, Mapping):
+            obj = obj.get(part)
+        else:
+            obj = getattr(obj, _ALIASES.get(part, part))
     return obj
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxplan.batch import DEFAULT_POLICY_ID
 from jaxplan.devices import make_mesh
-from jaxplan.envs import Env
 from jaxplan.flow import Plan
+from jaxplan.multi_agent import as_multi_agent, make_env
 from jaxplan.ppo.config import PPOConfig, preset_config
 from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.stages import (
@@ -65,14 +64,34 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
 
 
 def build_workers(config: PPOConfig) -> WorkerSet:
-    """The env and one PPO policy per policy id, as a `WorkerSet` on the config's devices
-    (`num_devices`/`num_gpus`, `_fake_gpus`; see `jaxplan.devices`)."""
+    """The env (gymnax, built-in multi-agent or `jaxmarl:...`), one PPO policy per policy id
+    (with its `multiagent.policies` overrides) and the agent -> policy mapping, as a
+    `WorkerSet` on the config's devices (`num_devices`/`num_gpus`, `_fake_gpus`; see
+    `jaxplan.devices`)."""
+    env = make_env(config.env, config.env_config)
+    view = as_multi_agent(env)
+    mapping = dict(config.multiagent.policy_mapping) or None
+    pids = config.policy_ids
+    if mapping is None and len(pids) == 1:
+        mapping = {agent: pids[0] for agent in view.agents}
+    policies = {}
+    for pid in pids:
+        agents = [a for a in view.agents if (mapping or {}).get(a) == pid]
+        if not agents:
+            raise ValueError(
+                f"config['multiagent.policy_mapping'] maps no agent of {config.env} "
+                f"(agents {list(view.agents)}) to policy {pid!r}"
+            )
+        policies[pid] = PPOPolicy(
+            view.observation_shapes[agents[0]],
+            view.action_spaces[agents[0]],
+            config.policy_config(pid),
+        )
     mesh = make_mesh(config.data_parallel_devices, fake_devices=config.fake_gpus)
-    env = Env(config.env, **config.env_config)
-    policy = PPOPolicy(env.observation_shape, env.action_space, config)
     return WorkerSet(
         env,
-        {DEFAULT_POLICY_ID: policy},
+        policies,
+        policy_mapping=mapping,
         num_workers=config.num_workers,
         num_envs_per_worker=config.num_envs_per_worker,
         rollout_fragment_length=config.rollout_fragment_length,

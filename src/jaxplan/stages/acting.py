@@ -1,4 +1,5 @@
-"""One env step of every local actor group: actions, env transitions, episode bookkeeping.
+"""One env step of every local actor group: every agent's action from its policy, the env
+transition, episode bookkeeping.
 
 Shared by the bulk-synchronous and the async (staggered) rollouts. Randomness is drawn per
 actor group and per env from keys split for *all* groups, then sliced to this device's
@@ -15,59 +16,84 @@ import jax.numpy as jnp
 from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.envs import Box
-from jaxplan.policy import Policy
 from jaxplan.workers import ActorState, WorkerSet
 
 
-def to_env_action(workers: WorkerSet, actions: jax.Array) -> jax.Array:
-    """Policy actions -> env actions. With `normalize_actions`, a Box action is clipped to
-    [-1, 1] and mapped affinely onto the space's bounds (RLlib's `normalize_actions`)."""
-    space = workers.env.action_space
+def to_env_action(space, actions: jax.Array, normalize_actions: bool) -> jax.Array:
+    """Policy actions -> env actions for `space`. With `normalize_actions`, a Box action is
+    clipped to [-1, 1] and mapped affinely onto the space's bounds (RLlib's
+    `normalize_actions`); otherwise clipped to the bounds."""
     if not isinstance(space, Box):
         return actions
     low, high = jnp.asarray(space.low), jnp.asarray(space.high)
-    if workers.normalize_actions:
+    if normalize_actions:
         return low + (jnp.clip(actions, -1.0, 1.0) + 1.0) * 0.5 * (high - low)
     return jnp.clip(actions, low, high)
 
 
+def stack_agents(tree: dict[str, Any], agents: tuple[str, ...], axis: int = 2):
+    """`{agent: [g, e, ...]}` -> `[g, e, len(agents), ...]` (agents of one policy)."""
+    return jnp.stack([tree[a] for a in agents], axis=axis)
+
+
 def step_envs(
     workers: WorkerSet,
-    policy: Policy,
-    params: Any,
+    params: dict[str, Any],
     actors: ActorState,
     key: jax.Array,
     axis_name: str | None,
     params_per_group: bool = False,
     active: jax.Array | None = None,
-) -> tuple[ActorState, dict[str, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
-    """Steps every env of the local groups once.
+) -> tuple[ActorState, dict[str, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]:
+    """Steps every env of the local groups once, every agent acting with its policy.
 
-    `params` are the policy's params, or with `params_per_group` a stack `[local groups, ...]`
-    (each group acts with its own snapshot). `active` (`[local groups]` bool) freezes the other
-    groups: their env state, observation and episode counters stay as they were.
+    `params` maps policy ids to their params, or with `params_per_group` to stacks
+    `[local groups, ...]` (each group acts with its own snapshot). `active` (`[local groups]`
+    bool) freezes the other groups: their env state, observations and episode counters stay.
 
-    Returns the new actor state, the transition `{field: [groups, envs, ...]}` (obs, new_obs
-    (the final observation of a finished episode), actions, rewards, terminateds, truncateds
-    and the policy's extras) and `(done, episode_return, episode_length)` for the episode
-    window (`done` is False for frozen groups).
+    Returns the new actor state, per policy the transition `{field: [groups, envs, agents of
+    the policy, ...]}` (obs, new_obs (the final observation of a finished episode), actions,
+    rewards, terminateds, truncateds and the policy's extras), and `(done [groups, envs],
+    per-agent episode_return [groups, envs, num_agents], episode_length)` for the episode
+    windows (`done` is False for frozen groups).
     """
+    env = workers.ma_env
     groups, envs = workers.num_actor_groups, workers.num_envs_per_worker
     k_act, k_env = jax.random.split(key)
-    act_keys = devices.local_slice(jax.random.split(k_act, groups), axis_name)
+    actions, transitions = {}, {}
+    for i, (pid, agents) in enumerate(workers.policy_agents.items()):
+        policy = workers.policies[pid]
+        k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
+        act_keys = devices.local_slice(jax.random.split(k_pol, groups), axis_name)
+        obs = stack_agents(actors.obs, agents)  # [g, e, agents, ...]
+        act = jax.vmap(policy.compute_actions, in_axes=(0 if params_per_group else None, 0, 0))
+        pol_actions, extras = act(params[pid], obs, act_keys)
+        for j, agent in enumerate(agents):
+            space = env.action_spaces[agent]
+            actions[agent] = to_env_action(space, pol_actions[:, :, j], workers.normalize_actions)
+        transitions[pid] = {sb.OBS: obs, sb.ACTIONS: pol_actions, **extras}
     env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
-    act = jax.vmap(policy.compute_actions, in_axes=(0 if params_per_group else None, 0, 0))
-    actions, extras = act(params, actors.obs, act_keys)
-    obs, env_state, reward, terminated, truncated, final_obs = jax.vmap(
-        jax.vmap(workers.env.step)
-    )(devices.local_slice(env_keys, axis_name), actors.env_state, to_env_action(workers, actions))
-    done = terminated | truncated
-    ep_return = actors.episode_return + reward
+    obs, env_state, reward, terminated, truncated, final_obs = jax.vmap(jax.vmap(env.step))(
+        devices.local_slice(env_keys, axis_name), actors.env_state, actions
+    )
+    for pid, agents in workers.policy_agents.items():
+        transitions[pid].update(
+            {
+                sb.NEXT_OBS: stack_agents(final_obs, agents),
+                sb.REWARDS: stack_agents(reward, agents),
+                sb.TERMINATEDS: stack_agents(terminated, agents),
+                sb.TRUNCATEDS: stack_agents(truncated, agents),
+            }
+        )
+    # the episode ends for every agent at once (see jaxplan.multi_agent)
+    first = workers.agents[0]
+    done = terminated[first] | truncated[first]
+    ep_return = actors.episode_return + stack_agents(reward, workers.agents)
     ep_length = actors.episode_length + 1
     new = {
         "env_state": env_state,
         "obs": obs,
-        "episode_return": jnp.where(done, 0.0, ep_return),
+        "episode_return": jnp.where(done[..., None], 0.0, ep_return),
         "episode_length": jnp.where(done, 0, ep_length),
     }
     if active is not None:
@@ -78,13 +104,4 @@ def step_envs(
 
         new = jax.tree.map(keep, new, old)
         done = done & active[:, None]
-    transition = {
-        sb.OBS: actors.obs,
-        sb.NEXT_OBS: final_obs,
-        sb.ACTIONS: actions,
-        sb.REWARDS: reward,
-        sb.TERMINATEDS: terminated,
-        sb.TRUNCATEDS: truncated,
-        **extras,
-    }
-    return actors.replace(**new), transition, (done, ep_return, ep_length)
+    return actors.replace(**new), transitions, (done, ep_return, ep_length)

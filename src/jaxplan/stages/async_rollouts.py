@@ -23,8 +23,9 @@ import jax.numpy as jnp
 
 from jaxplan import batch as sb
 from jaxplan import devices
-from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from jaxplan.batch import MultiAgentBatch
 from jaxplan.stages.acting import step_envs
+from jaxplan.stages.episodes import count_sampled, record_episodes
 from jaxplan.workers import PlanState, WorkerSet
 
 
@@ -61,33 +62,35 @@ class AsyncRollouts:
 
     # ---- state ------------------------------------------------------------------------------
     def init(self, state: PlanState) -> PlanState:
-        """Adds per-group snapshots, version, fragment buffers and fill, and pre-rolls the
+        """Adds per-group snapshots, versions, fragment buffers and fill, and pre-rolls the
         groups so their fragments are staggered by one segment (all groups, one device view)."""
-        workers, pid = self.workers, DEFAULT_POLICY_ID
-        policy, pstate = workers.policies[pid], state.policies[pid]
+        workers = self.workers
         groups, g, seg = workers.num_actor_groups, workers.local_groups, self.segment
         t = workers.rollout_fragment_length
+        snapshots = {pid: _stack(ps.params, groups) for pid, ps in state.policies.items()}
 
         def one_step(actors, key):
-            return step_envs(workers, policy, actors.params[pid], actors, key, None, True)
+            return step_envs(workers, actors.params, actors, key, None, True)
 
-        _, transition, _ = jax.eval_shape(
-            one_step,
-            state.actors.replace(params={pid: _stack(pstate.params, groups)}),
-            state.key,
+        _, transitions, _ = jax.eval_shape(
+            one_step, state.actors.replace(params=snapshots), state.key
         )
         fragment = {
-            k: jnp.zeros((groups, t, *v.shape[1:]), v.dtype) for k, v in transition.items()
+            pid: {k: jnp.zeros((groups, t, *v.shape[1:]), v.dtype) for k, v in tr.items()}
+            for pid, tr in transitions.items()
         }
         actors = state.actors.replace(
-            params={pid: _stack(pstate.params, groups)},
-            version={pid: jnp.full((groups,), pstate.version)},
+            params=snapshots,
+            version={pid: jnp.full((groups,), ps.version) for pid, ps in state.policies.items()},
             fragment=fragment,
             fill=jnp.zeros((groups,), jnp.int32),
         )
         queue = None
         if self.num_async > 1:
-            queue = {pid: _stack((pstate.params, pstate.version), self.num_async - 1)}
+            queue = {
+                pid: _stack((ps.params, ps.version), self.num_async - 1)
+                for pid, ps in state.policies.items()
+            }
         state = state.replace(actors=actors, param_queue=queue)
         if g == 1:
             return state
@@ -96,14 +99,10 @@ class AsyncRollouts:
         def pre_roll(state, index):
             key, k_seg = jax.random.split(state.key)
             active = phase > index  # group j pre-rolls j segments
-            actors, segment, episodes = self._advance(state.actors, k_seg, None, active)
+            actors, episodes = self._advance(state.actors, k_seg, None, active)
             actors = actors.replace(fill=actors.fill + seg * active.astype(jnp.int32))
-            done, ep_return, ep_length = episodes
-            return state.replace(
-                actors=actors,
-                key=key,
-                episodes=state.episodes.record(done, ep_return, ep_length),
-            ), None
+            state = record_episodes(workers, state.replace(actors=actors, key=key), episodes)
+            return state, None
 
         state, _ = jax.lax.scan(pre_roll, state, jnp.arange(g - 1))
         return state
@@ -111,14 +110,13 @@ class AsyncRollouts:
     def _advance(self, actors, key, axis, active=None):
         """All (local) groups step `segment` times with their snapshots; the steps are written
         into each group's fragment at its fill (fill itself is left to the caller)."""
-        workers, pid = self.workers, DEFAULT_POLICY_ID
-        policy = workers.policies[pid]
+        workers = self.workers
 
         def body(actors, key_t):
-            actors, transition, episodes = step_envs(
-                workers, policy, actors.params[pid], actors, key_t, axis, True, active
+            actors, transitions, episodes = step_envs(
+                workers, actors.params, actors, key_t, axis, True, active
             )
-            return actors, (transition, episodes)
+            return actors, (transitions, episodes)
 
         actors, (segment, episodes) = jax.lax.scan(
             body, actors, jax.random.split(key, self.segment)
@@ -130,64 +128,66 @@ class AsyncRollouts:
                 buffer, steps, actors.fill
             )
 
-        fragment = {k: write(actors.fragment[k], segment[k]) for k in actors.fragment}
-        return actors.replace(fragment=fragment), segment, episodes
+        fragment = jax.tree.map(write, actors.fragment, segment)
+        return actors.replace(fragment=fragment), episodes
 
     # ---- one round ------------------------------------------------------------------------
     def round(self, state: PlanState) -> tuple[PlanState, MultiAgentBatch]:
         """Delivers params to the groups starting a fragment, advances all groups one segment,
-        emits the fragment each device completes."""
-        workers, pid = self.workers, DEFAULT_POLICY_ID
-        policy, pstate = workers.policies[pid], state.policies[pid]
+        emits the fragment each device completes (every policy's part of it)."""
+        workers = self.workers
         axis, t = workers.axis_name, workers.rollout_fragment_length
         key, k_round = jax.random.split(state.key)
         actors = state.actors
 
         # 1. the params a group starting a fragment now receives
-        newest = (pstate.params, pstate.version)
         queue = state.param_queue
-        if self.num_async > 1:
-            delivered = jax.tree.map(lambda q: q[0], queue[pid])
-            pushed = jax.tree.map(
-                lambda q, n: jnp.concatenate([q[1:], n[None]]), queue[pid], newest
-            )
-            queue = {**queue, pid: pushed}
-        else:
-            delivered = newest
+        delivered = {}
+        for pid, ps in state.policies.items():
+            newest = (ps.params, ps.version)
+            if self.num_async > 1:
+                delivered[pid] = jax.tree.map(lambda q: q[0], queue[pid])
+                pushed = jax.tree.map(
+                    lambda q, n: jnp.concatenate([q[1:], n[None]]), queue[pid], newest
+                )
+                queue = {**queue, pid: pushed}
+            else:
+                delivered[pid] = newest
         starting = actors.fill == 0
         actors = actors.replace(
-            params={pid: _where(starting, delivered[0], actors.params[pid])},
-            version={pid: jnp.where(starting, delivered[1], actors.version[pid])},
+            params={
+                pid: _where(starting, delivered[pid][0], actors.params[pid])
+                for pid in state.policies
+            },
+            version={
+                pid: jnp.where(starting, delivered[pid][1], actors.version[pid])
+                for pid in state.policies
+            },
         )
 
         # 2. every group advances one segment
-        actors, _, episodes = self._advance(actors, k_round, axis)
+        actors, episodes = self._advance(actors, k_round, axis)
         fill = actors.fill + self.segment
 
         # 3. the (one per device) completed fragment, postprocessed with the newest params
         done_group = jnp.argmax(fill == t)
-        traj = jax.tree.map(lambda b: b[done_group], actors.fragment)  # [T, envs, ...]
-        acted = actors.version[pid][done_group]
         actors = actors.replace(fill=jnp.where(fill == t, 0, fill))
-        traj = policy.postprocess_trajectory(pstate.params, pstate.hparams, traj)
-        traj[sb.POLICY_VERSION] = jnp.broadcast_to(acted, traj[sb.REWARDS].shape)
-        local_rows = t * workers.num_envs_per_worker
-        rows = local_rows * workers.num_shards
-        policy_batch = jax.tree.map(lambda x: x.reshape(local_rows, *x.shape[2:]), traj)
+        local_steps = t * workers.num_envs_per_worker
+        batches = {}
+        for pid, frag in actors.fragment.items():
+            policy, pstate = workers.policies[pid], state.policies[pid]
+            traj = jax.tree.map(lambda b: b[done_group], frag)  # [T, envs, agents, ...]
+            traj = policy.postprocess_trajectory(pstate.params, pstate.hparams, traj)
+            acted = actors.version[pid][done_group]
+            traj[sb.POLICY_VERSION] = jnp.broadcast_to(acted, traj[sb.REWARDS].shape)
+            n = local_steps * workers.rows_per_env_step(pid)
+            batches[pid] = jax.tree.map(lambda x, n=n: x.reshape(n, *x.shape[3:]), traj)
 
-        done, ep_return, ep_length = devices.gather(episodes, axis, axis=1)  # [S, groups, envs]
-        counters = state.counters
-        state = state.replace(
-            actors=actors,
-            param_queue=queue,
-            episodes=state.episodes.record(done, ep_return, ep_length),
-            counters=counters.replace(
-                num_steps_sampled=counters.num_steps_sampled.add(rows),
-                num_agent_steps_sampled=counters.num_agent_steps_sampled.add(rows),
-            ),
-            key=key,
-        )
+        rows = local_steps * workers.num_shards
+        state = state.replace(actors=actors, param_queue=queue, key=key)
+        state = record_episodes(workers, state, devices.gather(episodes, axis, axis=1))
+        state = count_sampled(workers, state, rows)
         batch = MultiAgentBatch(
-            {pid: policy_batch}, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards
+            batches, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards
         )
         return state, batch

@@ -75,9 +75,7 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
             "agent_timesteps_total": counters.num_agent_steps_sampled,
             "training_iteration": counters.training_iteration,
             # per-policy episode returns (RLlib's keys); filled for multi-agent envs
-            "policy_reward_mean": {},
-            "policy_reward_min": {},
-            "policy_reward_max": {},
+            **_policy_rewards(state),
             "info": {
                 "learner": _learner_info(item),
                 "num_steps_sampled": counters.num_steps_sampled,
@@ -99,6 +97,17 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
         return state, result
 
     return Plan(workers, pull, result_to_host, inits=flow.inits)
+
+
+def _policy_rewards(state: PlanState) -> dict[str, dict[str, jax.Array]]:
+    """RLlib's `policy_reward_mean/min/max`: per policy, over its window of episodes, the
+    returns summed over the policy's agents (empty for single-agent envs)."""
+    out = {"policy_reward_mean": {}, "policy_reward_min": {}, "policy_reward_max": {}}
+    for pid, window in (state.policy_episodes or {}).items():
+        stats = episode_stats(window)
+        for key in out:
+            out[key][pid] = stats[key.replace("policy", "episode")]
+    return out
 
 
 def _group_versions(workers: WorkerSet, state: PlanState) -> dict[str, jax.Array]:

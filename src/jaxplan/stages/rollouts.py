@@ -7,10 +7,11 @@ import jax.numpy as jnp
 
 from jaxplan import batch as sb
 from jaxplan import devices
-from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from jaxplan.batch import MultiAgentBatch
 from jaxplan.flow import Flow
 from jaxplan.stages.acting import step_envs, to_env_action
 from jaxplan.stages.async_rollouts import AsyncRollouts
+from jaxplan.stages.episodes import count_sampled, record_episodes
 from jaxplan.workers import PlanState, WorkerSet
 
 MODES = ("bulk_sync", "async")
@@ -46,43 +47,35 @@ def ParallelRollouts(  # noqa: N802
 
 
 def sample_round(workers: WorkerSet, state: PlanState) -> tuple[PlanState, MultiAgentBatch]:
-    """One bulk-synchronous round: `[T, groups, envs]` steps, postprocessed and flattened.
+    """One bulk-synchronous round: `[T, groups, envs]` env steps; each policy's batch holds its
+    agents' rows (`[T, groups, envs, agents]` flattened), postprocessed with its params.
 
     On a mesh each device steps its `local_groups`; the emitted batch holds this device's rows
     (`shard_axis` set), and the episode window records every device's episodes in the order
     one device would.
     """
-    pid = DEFAULT_POLICY_ID
-    policy, pstate = workers.policies[pid], state.policies[pid]
     axis = workers.axis_name
     key, k_round = jax.random.split(state.key)
+    params = {pid: ps.params for pid, ps in state.policies.items()}
 
     def env_step(actors, key_t):
-        actors, transition, episodes = step_envs(
-            workers, policy, pstate.params, actors, key_t, axis
-        )
-        return actors, (transition, episodes)
+        actors, transitions, episodes = step_envs(workers, params, actors, key_t, axis)
+        return actors, (transitions, episodes)
 
-    actors, (traj, episodes) = jax.lax.scan(
+    actors, (trajs, episodes) = jax.lax.scan(
         env_step, state.actors, jax.random.split(k_round, workers.rollout_fragment_length)
     )
-    traj = policy.postprocess_trajectory(pstate.params, pstate.hparams, traj)
-    traj[sb.POLICY_VERSION] = jnp.broadcast_to(pstate.version, traj[sb.REWARDS].shape)
     rows = workers.round_env_steps
-    local_rows = rows // workers.num_shards
-    policy_batch = jax.tree.map(lambda x: x.reshape(local_rows, *x.shape[3:]), traj)
-    done, ep_return, ep_length = devices.gather(episodes, axis, axis=1)  # [T, groups, envs]
-    counters = state.counters
-    state = state.replace(
-        actors=actors,
-        episodes=state.episodes.record(done, ep_return, ep_length),
-        counters=counters.replace(
-            num_steps_sampled=counters.num_steps_sampled.add(rows),
-            num_agent_steps_sampled=counters.num_agent_steps_sampled.add(rows),
-        ),
-        key=key,
-    )
-    batch = MultiAgentBatch(
-        {pid: policy_batch}, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards
-    )
+    local_steps = rows // workers.num_shards
+    batches = {}
+    for pid, traj in trajs.items():
+        policy, pstate = workers.policies[pid], state.policies[pid]
+        traj = policy.postprocess_trajectory(pstate.params, pstate.hparams, traj)
+        traj[sb.POLICY_VERSION] = jnp.broadcast_to(pstate.version, traj[sb.REWARDS].shape)
+        n = local_steps * workers.rows_per_env_step(pid)
+        batches[pid] = jax.tree.map(lambda x, n=n: x.reshape(n, *x.shape[4:]), traj)
+    state = state.replace(actors=actors, key=key)
+    state = record_episodes(workers, state, devices.gather(episodes, axis, axis=1))
+    state = count_sampled(workers, state, rows)
+    batch = MultiAgentBatch(batches, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards)
     return state, batch
