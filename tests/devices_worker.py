@@ -47,14 +47,11 @@ def max_diff(a, b) -> float:
     return max(jax.tree.leaves(diffs))
 
 
-def equivalence(n: int) -> dict:
-    assert jax.device_count() == n, jax.devices()
-    one = build_workers(preset_config("CartPole-v1", SMALL))  # no mesh
-    many = build_workers(preset_config("CartPole-v1", {**SMALL, "num_devices": n}))
-    out = {"devices": jax.device_count(), "mesh": many.mesh.size}
-
-    # 1. one rollout round: N devices produce the single device's data, row for row
-    state0 = one.init(jax.random.PRNGKey(3))
+def rounds_one_and_many(one, many, key):
+    """One rollout round from the same initial state: on one device (`one`, no mesh) and
+    sharded over `many`'s mesh. Returns `(ref_state, ref_batch, state, batch)`; the sharded
+    batch's rows are device-major."""
+    state0 = one.init(key)
     ref_state, ref_batch = jax.jit(lambda s: sample_round(one, s))(state0)
     specs = many.state_specs()
     sharded_round = jax.shard_map(
@@ -63,7 +60,20 @@ def equivalence(n: int) -> dict:
         in_specs=(specs,),
         out_specs=(specs, P(AXIS)),
     )
-    dev_state, dev_batch = jax.jit(sharded_round)(many.place(state0))
+    state, batch = jax.jit(sharded_round)(many.place(state0))
+    return ref_state, ref_batch, state, batch
+
+
+def equivalence(n: int) -> dict:
+    assert jax.device_count() == n, jax.devices()
+    one = build_workers(preset_config("CartPole-v1", SMALL))  # no mesh
+    many = build_workers(preset_config("CartPole-v1", {**SMALL, "num_devices": n}))
+    out = {"devices": jax.device_count(), "mesh": many.mesh.size}
+
+    # 1. one rollout round: N devices produce the single device's data, row for row
+    ref_state, ref_batch, dev_state, dev_batch = rounds_one_and_many(
+        one, many, jax.random.PRNGKey(3)
+    )
     t, g, e = one.rollout_fragment_length, one.num_actor_groups // n, one.num_envs_per_worker
 
     def device_major_to_time_major(x):  # [n * (t g e), ...] -> [(t n g e), ...]
@@ -214,16 +224,7 @@ def multiagent(n: int) -> dict:
     }
     one = build_workers(preset_config("MultiAgentCartPole", ma))
     many = build_workers(preset_config("MultiAgentCartPole", {**ma, "num_devices": n}))
-    state0 = one.init(jax.random.PRNGKey(4))
-    _, ref = jax.jit(lambda s: sample_round(one, s))(state0)
-    specs = many.state_specs()
-    sharded = jax.shard_map(
-        lambda s: sample_round(many, s),
-        mesh=many.mesh,
-        in_specs=(specs,),
-        out_specs=(specs, P(AXIS)),
-    )
-    _, got = jax.jit(sharded)(many.place(state0))
+    _, ref, _, got = rounds_one_and_many(one, many, jax.random.PRNGKey(4))
     t, g, e = one.rollout_fragment_length, one.num_actor_groups // n, one.num_envs_per_worker
     diffs = {}
     for pid in ("p0", "p1"):
