@@ -328,3 +328,14 @@ def test_jaxmarl_adapter_marks_the_time_limit_as_truncation():
         else:
             np.testing.assert_array_equal(np.asarray(obs["agent_0"]), np.asarray(final["agent_0"]))
     assert len(ends) == 2 and ends[1] - ends[0] == ends[0] + 1  # fixed-length episodes
+
+
+def test_missing_jaxmarl_is_a_one_line_cli_error(monkeypatch, capsys):
+    import sys
+
+    from jaxplan.cli import main
+
+    monkeypatch.setitem(sys.modules, "jaxmarl", None)  # as if the extra were not installed
+    assert main(["train", "ppo", "--env", "jaxmarl:MPE_simple_spread_v3", "--stop-iters", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'jaxplan[jaxmarl]'" in err

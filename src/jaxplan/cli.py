@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return _train(args)
-    except (UsageError, ValueError, KeyError) as e:
+    except (UsageError, ValueError, KeyError, ImportError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxplan: error: {msg}", file=sys.stderr)
         return 2
@@ -357,6 +357,9 @@ def _format_line(row: list[dict]) -> str:
         line += "  [" + " ".join(f"{x:.1f}" for x in rewards) + "]"
     else:
         line += f"  episode_len_mean {r0['episode_len_mean']:7.2f}"
+        per_policy = r0.get("policy_reward_mean") or {}
+        if per_policy:  # multi-agent: each policy's return (its agents, summed)
+            line += "  [" + " ".join(f"{p} {v:.1f}" for p, v in per_policy.items()) + "]"
     total_rate = sum(r["num_env_steps_sampled_throughput_per_sec"] for r in row)
     return line + f"  env_steps/s {total_rate:,.0f}"
 
