@@ -30,18 +30,19 @@ class ActorState:
     `[groups, envs, num_agents]` (in `WorkerSet.agents` order), `episode_length` `[groups, envs]`.
 
     Async rollouts (staggered actor groups) also keep, per group (leading dim `[groups]`):
-    the params each group acts with and their version, the fragment being collected
-    (`[groups, rollout_fragment_length, envs, ...]`) and how many of its steps are filled.
+    the params each group acts with and their version, the fragment being collected (per
+    policy, `[groups, rollout_fragment_length, envs, agents of the policy, ...]`) and how many
+    of its steps are filled.
     They are None with bulk-synchronous rollouts, where every group acts with the newest params.
     """
 
     env_state: Any
-    obs: jax.Array
+    obs: dict[str, jax.Array]
     episode_return: jax.Array
     episode_length: jax.Array
     params: Any = None  # {policy_id: params}, leaves [groups, ...]
     version: Any = None  # {policy_id: int32 [groups]}
-    fragment: Any = None  # {field: [groups, T, envs, ...]}
+    fragment: Any = None  # {policy_id: {field: [groups, T, envs, agents, ...]}}
     fill: Any = None  # int32 [groups]
 
 
