@@ -6,7 +6,8 @@ import pytest
 
 import jaxplan
 from jaxplan.distributions import Categorical, DiagGaussian
-from jaxplan.stages.rollouts import sample_round, to_env_action
+from jaxplan.stages.acting import to_env_action
+from jaxplan.stages.rollouts import sample_round
 
 SMALL = {
     "num_workers": 1,

@@ -394,6 +394,18 @@ def _finite(x):
     return x
 
 
+def _keep_previous(path: Path) -> None:
+    """Renames an existing `NAME.SUFFIX` to the first free `NAME.N.SUFFIX`: never overwrite."""
+    if not path.exists():
+        return
+    n = 1
+    while path.with_name(f"{path.stem}.{n}{path.suffix}").exists():
+        n += 1
+    kept = path.with_name(f"{path.stem}.{n}{path.suffix}")
+    path.rename(kept)
+    print(f"jaxplan: kept the previous {path.name} as {kept.name}")
+
+
 class _ResultWriter:
     """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites. Keeps
     the latest policies (params, optimizer state, kl_coeff) and counters in
@@ -408,24 +420,14 @@ class _ResultWriter:
     def _open(self, directory: Path, config, seeds) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "result.jsonl"
-        if self.path.exists():
-            n = 1
-            while (directory / f"result.{n}.jsonl").exists():
-                n += 1
-            kept = directory / f"result.{n}.jsonl"
-            self.path.rename(kept)
-            print(f"jaxplan: kept the previous {self.path.name} as {kept.name}")
+        _keep_previous(self.path)
         params = {"algorithm": "PPO", "seeds": seeds, "config": config.to_dict()}
         tmp = directory / "params.json.tmp"
         tmp.write_text(json.dumps(params, indent=2) + "\n")
         os.replace(tmp, directory / "params.json")
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at exit
         self.checkpoint_path = directory / "checkpoint.msgpack"
-        if self.checkpoint_path.exists():
-            n = 1
-            while (directory / f"checkpoint.{n}.msgpack").exists():
-                n += 1
-            self.checkpoint_path.rename(directory / f"checkpoint.{n}.msgpack")
+        _keep_previous(self.checkpoint_path)
 
     def checkpoint(self, states, seeds) -> None:
         from jaxplan.checkpoint import save

@@ -25,6 +25,13 @@ Init = Callable[[PlanState], PlanState]
 params and fragments); a flow's inits run in order after `WorkerSet.init`."""
 
 
+def run_inits(inits: tuple[Init, ...], state: PlanState) -> PlanState:
+    """Applies the stages' state initializers in order."""
+    for fn in inits:
+        state = fn(state)
+    return state
+
+
 class Stage:
     """Base class of stages that read or write `PlanState`: `(state, item) -> (state, item)`."""
 
@@ -49,9 +56,7 @@ class Flow:
 
     def init(self, state: PlanState) -> PlanState:
         """Runs the stages' state initializers on a fresh `PlanState`."""
-        for fn in self.inits:
-            state = fn(state)
-        return state
+        return run_inits(self.inits, state)
 
     def for_each(self, fn: Stage | Callable[[Any], Any]) -> Flow:
         upstream = self.pull
@@ -100,10 +105,7 @@ class Plan:
     def init(self, key: jax.Array, hparams: dict[str, Any] | None = None) -> PlanState:
         """Fresh `PlanState` (with the stages' own state), laid out on the workers' mesh if
         there is one."""
-        state = self.workers.init(key, hparams)
-        for fn in self.inits:
-            state = fn(state)
-        return self.workers.place(state)
+        return self.workers.place(run_inits(self.inits, self.workers.init(key, hparams)))
 
     def step(self, state: PlanState) -> tuple[PlanState, Result]:
         """One training iteration. On a mesh the stages run inside `jax.shard_map` over its
@@ -118,9 +120,7 @@ class Plan:
 
     def for_each(self, fn: Callable[[dict], Any]) -> Plan:
         """Adds a host-side function of each result (its return value, if not None, replaces it)."""
-        return Plan(
-            self.workers, self._pull, self._to_host, (*self.host_stages, fn), self.inits
-        )
+        return Plan(self.workers, self._pull, self._to_host, (*self.host_stages, fn), self.inits)
 
     def report(self, result: Result) -> dict:
         """Host side: one device result -> RLlib-style dict, after the host stages."""

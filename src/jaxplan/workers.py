@@ -140,7 +140,7 @@ class WorkerSet:
     ):
         self.ma_env = as_multi_agent(env)
         self.agents = tuple(self.ma_env.agents)
-        self.policy_mapping = _check_mapping(self.ma_env, dict(policies), policy_mapping)
+        self.policy_mapping = resolve_policy_mapping(self.ma_env, list(policies), policy_mapping)
         self.policy_agents = {
             pid: tuple(a for a in self.agents if self.policy_mapping[a] == pid) for pid in policies
         }
@@ -280,8 +280,12 @@ def _expand(prefix, tree):
     )
 
 
-def _check_mapping(env, policies: dict, mapping: Mapping[str, str] | None) -> dict[str, str]:
-    """Validates a static agent -> policy mapping (default: every agent -> the only policy)."""
+def resolve_policy_mapping(
+    env, policies: Sequence[str], mapping: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The validated static agent -> policy mapping of a (multi-agent view of an) env: every
+    agent mapped to one of `policies`, every policy given an agent, agents of one policy with
+    one observation shape and action space. Default: every agent -> the only policy."""
     agents = tuple(env.agents)
     if not policies:
         raise ValueError("a WorkerSet needs at least one policy")

@@ -21,7 +21,7 @@ from jaxplan.stages import (
     UpdateKL,
     warn_about_bad_reward_scales,
 )
-from jaxplan.workers import WorkerSet
+from jaxplan.workers import WorkerSet, resolve_policy_mapping
 
 
 def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
@@ -70,22 +70,14 @@ def build_workers(config: PPOConfig) -> WorkerSet:
     `jaxplan.devices`)."""
     env = make_env(config.env, config.env_config)
     view = as_multi_agent(env)
-    mapping = dict(config.multiagent.policy_mapping) or None
-    pids = config.policy_ids
-    if mapping is None and len(pids) == 1:
-        mapping = {agent: pids[0] for agent in view.agents}
+    mapping = resolve_policy_mapping(
+        view, config.policy_ids, dict(config.multiagent.policy_mapping) or None
+    )
     policies = {}
-    for pid in pids:
-        agents = [a for a in view.agents if (mapping or {}).get(a) == pid]
-        if not agents:
-            raise ValueError(
-                f"config['multiagent.policy_mapping'] maps no agent of {config.env} "
-                f"(agents {list(view.agents)}) to policy {pid!r}"
-            )
+    for pid in config.policy_ids:
+        agent = next(a for a in view.agents if mapping[a] == pid)  # all alike (checked)
         policies[pid] = PPOPolicy(
-            view.observation_shapes[agents[0]],
-            view.action_spaces[agents[0]],
-            config.policy_config(pid),
+            view.observation_shapes[agent], view.action_spaces[agent], config.policy_config(pid)
         )
     mesh = make_mesh(config.data_parallel_devices, fake_devices=config.fake_gpus)
     return WorkerSet(

@@ -67,32 +67,27 @@ class PPOPolicy:
         obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
         values = self.model.apply(params, obs_and_next, method=ActorCritic.value)
         vf_preds, next_values = jnp.split(values, 2, axis=0)
+        fragment = (
+            traj[sb.REWARDS],
+            vf_preds,
+            next_values,
+            traj[sb.TERMINATEDS],
+            traj[sb.TRUNCATEDS],
+            hparams.gamma,
+            hparams.lambda_,
+        )
         if self.config.vtrace:
             inputs = self.model.apply(params, traj[sb.OBS], method=ActorCritic.policy)
             value_targets, advantages = vtrace(
                 traj[sb.ACTION_LOGP],
                 self.dist.log_prob(inputs, traj[sb.ACTIONS]),
-                traj[sb.REWARDS],
-                vf_preds,
-                next_values,
-                traj[sb.TERMINATEDS],
-                traj[sb.TRUNCATEDS],
-                hparams.gamma,
-                hparams.lambda_,
+                *fragment,
                 clip_rho_threshold=self.config.vtrace_clip_rho_threshold,
                 clip_c_threshold=self.config.vtrace_clip_c_threshold,
                 clip_pg_rho_threshold=self.config.vtrace_clip_pg_rho_threshold,
             )
         else:
-            advantages, value_targets = compute_gae(
-                traj[sb.REWARDS],
-                vf_preds,
-                next_values,
-                traj[sb.TERMINATEDS],
-                traj[sb.TRUNCATEDS],
-                hparams.gamma,
-                hparams.lambda_,
-            )
+            advantages, value_targets = compute_gae(*fragment)
         return {
             **traj,
             sb.VF_PREDS: vf_preds,

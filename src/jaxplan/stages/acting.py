@@ -31,6 +31,16 @@ def to_env_action(space, actions: jax.Array, normalize_actions: bool) -> jax.Arr
     return jnp.clip(actions, low, high)
 
 
+def select_groups(mask: jax.Array, new, old):
+    """Per actor group (leading axis): `new` where `mask` (`[groups]` bool), else `old`;
+    `new` may lack the group axis (it is then broadcast)."""
+
+    def pick(n, o):
+        return jnp.where(mask.reshape(-1, *([1] * (o.ndim - 1))), n, o)
+
+    return jax.tree.map(pick, new, old)
+
+
 def stack_agents(tree: dict[str, Any], agents: tuple[str, ...], axis: int = 2):
     """`{agent: [g, e, ...]}` -> `[g, e, len(agents), ...]` (agents of one policy)."""
     return jnp.stack([tree[a] for a in agents], axis=axis)
@@ -97,11 +107,6 @@ def step_envs(
         "episode_length": jnp.where(done, 0, ep_length),
     }
     if active is not None:
-        old = {k: getattr(actors, k) for k in new}
-
-        def keep(n, o):
-            return jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
-
-        new = jax.tree.map(keep, new, old)
+        new = select_groups(active, new, {k: getattr(actors, k) for k in new})
         done = done & active[:, None]
     return actors.replace(**new), transitions, (done, ep_return, ep_length)

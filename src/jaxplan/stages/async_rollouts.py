@@ -24,22 +24,13 @@ import jax.numpy as jnp
 from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch
-from jaxplan.stages.acting import step_envs
+from jaxplan.stages.acting import select_groups, step_envs
 from jaxplan.stages.episodes import count_sampled, record_episodes
 from jaxplan.workers import PlanState, WorkerSet
 
 
 def _stack(tree, n: int):
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), tree)
-
-
-def _where(mask: jax.Array, new, old):
-    """Per leading index: `new` where `mask` else `old` (`new` may lack the leading axis)."""
-
-    def pick(n, o):
-        return jnp.where(mask.reshape(-1, *([1] * (o.ndim - 1))), n, o)
-
-    return jax.tree.map(pick, new, old)
 
 
 class AsyncRollouts:
@@ -156,7 +147,7 @@ class AsyncRollouts:
         starting = actors.fill == 0
         actors = actors.replace(
             params={
-                pid: _where(starting, delivered[pid][0], actors.params[pid])
+                pid: select_groups(starting, delivered[pid][0], actors.params[pid])
                 for pid in state.policies
             },
             version={

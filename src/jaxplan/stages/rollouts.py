@@ -9,15 +9,12 @@ from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch
 from jaxplan.flow import Flow
-from jaxplan.stages.acting import step_envs, to_env_action
+from jaxplan.stages.acting import step_envs
 from jaxplan.stages.async_rollouts import AsyncRollouts
 from jaxplan.stages.episodes import count_sampled, record_episodes
 from jaxplan.workers import PlanState, WorkerSet
 
 MODES = ("bulk_sync", "async")
-
-__all__ = ["MODES", "ParallelRollouts", "sample_round", "to_env_action"]
-
 
 def ParallelRollouts(  # noqa: N802
     workers: WorkerSet, mode: str = "bulk_sync", num_async: int = 1
