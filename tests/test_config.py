@@ -1,11 +1,13 @@
-"""PPOConfig: RLlib's defaults, validation errors that name the key, presets, round trips."""
+"""PPOConfig: RLlib's defaults, field natures, validation errors that name the key, type
+coercion, presets, round trips."""
 
 import dataclasses
 
 import pytest
 
-from jaxplan import PPOConfig, preset_config
-from jaxplan.ppo.config import PRESETS
+from jaxplan import PPOConfig, PPOHParams, preset_config
+from jaxplan.ppo import presets
+from jaxplan.ppo.config import PER_POLICY_KEYS, PRESETS, TRACED_FIELDS
 
 
 def test_defaults_are_rllibs():
@@ -79,13 +81,79 @@ def test_bad_values_name_the_key(overrides, key):
         ({"shuffle_sequences": 1}, "shuffle_sequences", "true or false"),
         ({"model": {"fcnet_hiddens": "64"}}, "model.fcnet_hiddens", "a list of integers"),
         ({"model": 3}, "model", "must be a dict"),
-        ({"lr": None}, "lr", "expected"),
+        ({"lr": None}, "lr", "expected a number"),
+        ({"num_workers": True}, "num_workers", "an integer"),
+        ({"gamma": False}, "gamma", "a number"),
+        ({"env": 3}, "env", "a string"),
+        ({"env_config": [1]}, "env_config", "a dict"),
+        ({"model.fcnet_hiddens": [64, True]}, "model.fcnet_hiddens", "a list of integers"),
+        ({"multiagent.policies_to_train": "p0"}, "multiagent.policies_to_train", "strings"),
     ],
 )
 def test_wrong_types_are_errors(overrides, key, expected):
     with pytest.raises(ValueError) as e:
         PPOConfig.from_dict(overrides)
     assert repr(key) in str(e.value) and expected in str(e.value)
+
+
+def test_values_are_coerced_as_json_and_yaml_mean_them():
+    c = PPOConfig.from_dict(
+        {
+            "train_batch_size": 512.0,
+            "lr": 1,
+            "model.fcnet_hiddens": [32.0, 32],
+            "multiagent.policies_to_train": ["default_policy"],
+            "grad_clip": None,
+            "num_devices": None,
+        }
+    )
+    assert c.train_batch_size == 512 and type(c.train_batch_size) is int
+    assert c.lr == 1.0 and type(c.lr) is float
+    assert c.model.fcnet_hiddens == (32, 32) and all(type(h) is int for h in c.model.fcnet_hiddens)
+    assert c.multiagent.policies_to_train == ("default_policy",)
+    assert c.grad_clip is None and c.num_devices is None
+
+
+def test_field_natures_derive_per_policy_keys_and_hparams():
+    assert set(TRACED_FIELDS) == {f.name for f in dataclasses.fields(PPOHParams)}
+    traced_keys = {"lambda" if n == "lambda_" else n for n in TRACED_FIELDS}
+    assert traced_keys == {
+        "lr",
+        "gamma",
+        "lambda",
+        "kl_target",
+        "clip_param",
+        "vf_clip_param",
+        "vf_loss_coeff",
+        "entropy_coeff",
+    }
+    assert set(PER_POLICY_KEYS) - traced_keys == {
+        "kl_coeff",
+        "grad_clip",
+        "model",
+        "vtrace",
+        "vtrace_clip_rho_threshold",
+        "vtrace_clip_pg_rho_threshold",
+        "vtrace_clip_c_threshold",
+    }
+    assert traced_keys < set(PER_POLICY_KEYS)
+    h = PPOHParams.from_config(preset_config("Pendulum-v1"))
+    assert h.lambda_.dtype == "float32" and float(h.gamma) == pytest.approx(0.95)
+    c = PPOConfig.from_dict(
+        {"multiagent": {"policies": {"p": {"lambda": 0.5, "model": {"fcnet_hiddens": [8]}}}}}
+    )
+    assert c.policy_config("p").lambda_ == 0.5 and c.policy_config("p").model.fcnet_hiddens == (8,)
+    with pytest.raises(ValueError, match=r"\['num_sgd_iter'\] cannot differ per policy"):
+        PPOConfig.from_dict({"multiagent": {"policies": {"p": {"num_sgd_iter": 2}}}})
+
+
+def test_invariants_owned_by_plan_components_are_not_config_errors():
+    """Device divisibility, rollout modes and the policy mapping are checked when the plan is
+    built (by WorkerSet, MultiGPUTrainOneStep, ParallelRollouts, resolve_policy_mapping)."""
+    PPOConfig.from_dict({"num_devices": 4, "num_workers": 2, "sgd_minibatch_size": 130})
+    PPOConfig.from_dict({"rollout_mode": "async", "num_workers": 3, "num_async": 0})
+    PPOConfig.from_dict({"multiagent": {"policies": {"a": {}, "b": {}}}})
+    PPOConfig.from_dict({"multiagent": {"policy_mapping": {"x": "nope"}}})
 
 
 def test_agent_steps_on_single_agent_env_is_an_error():
@@ -109,6 +177,7 @@ def test_to_dict_round_trips():
 
 
 def test_presets_validate_and_apply_on_top_of_defaults():
+    assert PRESETS is presets.PRESETS
     for env in PRESETS:
         c = preset_config(env)
         assert c.env == env

@@ -31,6 +31,11 @@ JAXMARL_PREFIX = "jaxmarl:"
 BUILTIN = ("MultiAgentCartPole",)
 
 
+def is_multi_agent_env(name: str) -> bool:
+    """Whether an env id names a multi-agent env (built-in or `jaxmarl:...`), without making it."""
+    return name in BUILTIN or name.startswith(JAXMARL_PREFIX)
+
+
 class SingleAgentView:
     """A single-agent `Env` as a one-agent `MultiAgentEnv` (agent `SINGLE_AGENT_ID`)."""
 

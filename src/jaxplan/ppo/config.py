@@ -1,23 +1,60 @@
-"""PPO configuration: RLlib's keys and defaults, validated, with tuned presets per task.
+"""PPO configuration: RLlib's keys and defaults, validated (tuned presets: `ppo/presets.py`).
 
-`PPOConfig` is static (frozen, hashable parts decide shapes); the hyper-parameters that may be
-traced (and so `vmap`ped over) are copied into `PPOHParams` inside `PlanState`.
+Each `PPOConfig` field declares its nature once, as metadata: `traced` (a float hyper-parameter
+copied into `PPOHParams` inside `PlanState`, so `vmap`-able, and overridable per policy),
+`per_policy` (static, overridable in `multiagent.policies[pid]`) or static (the default).
+`PER_POLICY_KEYS` and `TRACED_FIELDS` are derived from it. `PPOConfig` itself is static
+(frozen; it decides shapes). Invariants between the config and the env, devices or plan stages
+are checked by those components when the plan is built, before anything compiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 from flax import struct
 
+from jaxplan.batch import DEFAULT_POLICY_ID
 from jaxplan.models import ACTIVATIONS
+from jaxplan.multi_agent import is_multi_agent_env
+from jaxplan.ppo.presets import PRESETS
 from jaxplan.stages.concat_batches import COUNT_STEPS_BY
 
-ROLLOUT_MODES = ("bulk_sync", "async")
+_ALIASES = {"lambda": "lambda_", "_fake_gpus": "fake_gpus"}
+_KEYS = {field: key for key, field in _ALIASES.items()}
+
+
+def _key(field_name: str) -> str:
+    """The RLlib config key of a `PPOConfig` field."""
+    return _KEYS.get(field_name, field_name)
+
+
+NATURE = "nature"
+"""`Field.metadata` key of a config field's nature: "static" (default), "per_policy", "traced"."""
+
+
+def traced(default: float) -> Any:
+    """A traced hyper-parameter field: in `PPOHParams` (vmap-able), overridable per policy."""
+    return dataclasses.field(default=default, metadata={NATURE: "traced"})
+
+
+def per_policy(default: Any) -> Any:
+    """A static field that `multiagent.policies[pid]` may override."""
+    return dataclasses.field(default=default, metadata={NATURE: "per_policy"})
+
+
+def fields_of(cls: type, *natures: str) -> tuple[str, ...]:
+    """Names of the fields of config dataclass `cls` with one of `natures`, in field order."""
+    return tuple(
+        f.name for f in dataclasses.fields(cls) if f.metadata.get(NATURE, "static") in natures
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,41 +68,14 @@ class ModelConfig:
 class MultiAgentConfig:
     """RLlib's `multiagent` block. `policies` maps policy ids to per-policy config overrides
     (`{}` for none; keys in `PER_POLICY_KEYS`); `policy_mapping` maps every agent id of the env
-    to a policy id (RLlib's `policy_mapping_fn`, static). Without `policies` there is one
-    policy, `default_policy`, shared by every agent."""
+    to a policy id (RLlib's `policy_mapping_fn`, static; checked against the env by
+    `resolve_policy_mapping`). Without `policies` there is one policy, `default_policy`, shared
+    by every agent."""
 
     policies: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policy_mapping: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policies_to_train: tuple[str, ...] | None = None
     count_steps_by: str = "env_steps"
-
-
-PER_POLICY_KEYS = (
-    "lr",
-    "gamma",
-    "lambda",
-    "kl_coeff",
-    "kl_target",
-    "clip_param",
-    "vf_clip_param",
-    "vf_loss_coeff",
-    "entropy_coeff",
-    "grad_clip",
-    "model",
-    "vtrace",
-    "vtrace_clip_rho_threshold",
-    "vtrace_clip_pg_rho_threshold",
-    "vtrace_clip_c_threshold",
-)
-"""Config keys a policy in `multiagent.policies` may override."""
-
-MULTI_AGENT_ENVS = ("MultiAgentCartPole",)
-JAXMARL_PREFIX = "jaxmarl:"
-
-
-def is_multi_agent_env(name: str) -> bool:
-    """Whether the env id names a multi-agent env (built-in or `jaxmarl:...`)."""
-    return name in MULTI_AGENT_ENVS or name.startswith(JAXMARL_PREFIX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,38 +92,38 @@ class PPOConfig:
     sgd_minibatch_size: int = 128
     num_sgd_iter: int = 30
     shuffle_sequences: bool = True
-    lr: float = 5e-5
-    gamma: float = 0.99
-    lambda_: float = 1.0
-    kl_coeff: float = 0.2
-    kl_target: float = 0.01
-    clip_param: float = 0.3
-    vf_clip_param: float = 10.0
-    vf_loss_coeff: float = 1.0
-    entropy_coeff: float = 0.0
-    grad_clip: float | None = None
+    lr: float = traced(5e-5)
+    gamma: float = traced(0.99)
+    lambda_: float = traced(1.0)
+    kl_coeff: float = per_policy(0.2)
+    kl_target: float = traced(0.01)
+    clip_param: float = traced(0.3)
+    vf_clip_param: float = traced(10.0)
+    vf_loss_coeff: float = traced(1.0)
+    entropy_coeff: float = traced(0.0)
+    grad_clip: float | None = per_policy(None)
     normalize_actions: bool = True
     metrics_smoothing_episodes: int = 100
-    # rollouts: "bulk_sync" (RLlib PPO) or "async" (staggered actor groups, APPO-style), and
-    # V-trace correction of the advantages for the lag (IMPALA's clipping thresholds)
+    # rollouts: "bulk_sync" (RLlib PPO) or "async" (staggered actor groups, APPO-style; see
+    # ParallelRollouts), and V-trace correction of the advantages for the lag (IMPALA's clipping)
     rollout_mode: str = "bulk_sync"
     num_async: int = 1
-    vtrace: bool = False
-    vtrace_clip_rho_threshold: float = 1.0
-    vtrace_clip_pg_rho_threshold: float = 1.0
-    vtrace_clip_c_threshold: float = 1.0
+    vtrace: bool = per_policy(False)
+    vtrace_clip_rho_threshold: float = per_policy(1.0)
+    vtrace_clip_pg_rho_threshold: float = per_policy(1.0)
+    vtrace_clip_c_threshold: float = per_policy(1.0)
     # devices (see jaxplan.devices): RLlib's num_gpus / _fake_gpus, and jaxplan's num_devices
     simple_optimizer: bool = False
     num_gpus: int = 0
     num_devices: int | None = None
     fake_gpus: bool = False  # key "_fake_gpus"
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = per_policy(ModelConfig())
     multiagent: MultiAgentConfig = MultiAgentConfig()
 
     @property
     def policy_ids(self) -> tuple[str, ...]:
         """The policies of the plan (`default_policy` alone without `multiagent.policies`)."""
-        return tuple(self.multiagent.policies) or ("default_policy",)
+        return tuple(self.multiagent.policies) or (DEFAULT_POLICY_ID,)
 
     def policy_config(self, policy_id: str) -> PPOConfig:
         """This config with `multiagent.policies[policy_id]`'s overrides applied (and without
@@ -153,7 +163,10 @@ class PPOConfig:
 
     # ---- validation ---------------------------------------------------------------------
     def validate(self) -> PPOConfig:
-        """Raises `ValueError` naming the offending key; returns `self`."""
+        """Checks the config's own keys (ranges, and relations between keys); raises
+        `ValueError` naming the offending key; returns `self`. What depends on the env, the
+        devices or a stage (mesh divisibility, rollout modes, the policy mapping) is checked by
+        the component that owns it when the plan is built."""
 
         def check(ok: bool, key: str, msg: str):
             if not ok:
@@ -194,29 +207,12 @@ class PPOConfig:
             "model.fcnet_activation",
             f"must be one of {sorted(ACTIVATIONS)}",
         )
-        check(
-            self.rollout_mode in ROLLOUT_MODES, "rollout_mode", f"must be one of {ROLLOUT_MODES}"
-        )
-        check(self.num_async >= 1, "num_async", "must be >= 1")
-        check(
-            self.num_async == 1 or self.rollout_mode == "async",
-            "num_async",
-            "only applies to rollout_mode='async'",
-        )
         for key in (
             "vtrace_clip_rho_threshold",
             "vtrace_clip_pg_rho_threshold",
             "vtrace_clip_c_threshold",
         ):
             check(getattr(self, key) > 0, key, "must be > 0")
-        if self.rollout_mode == "async":
-            per_device = max(1, self.num_workers) // max(1, self.data_parallel_devices)
-            check(
-                self.rollout_fragment_length % max(1, per_device) == 0,
-                "rollout_fragment_length",
-                f"must be a multiple of the actor groups per device ({per_device}) with "
-                "rollout_mode='async' (each round every group advances T / groups steps)",
-            )
         for key in ("num_gpus", "num_devices"):
             value = getattr(self, key)
             check(
@@ -229,20 +225,6 @@ class PPOConfig:
             "num_gpus",
             f"disagrees with num_devices ({self.num_devices}); set one of them",
         )
-        n = self.data_parallel_devices
-        if n > 1:
-            groups = max(1, self.num_workers)
-            check(
-                groups % n == 0,
-                "num_workers",
-                f"{groups} actor group(s) cannot be split evenly across {n} devices; "
-                f"use a multiple of {n}",
-            )
-            check(
-                self.simple_optimizer or self.sgd_minibatch_size % n == 0,
-                "sgd_minibatch_size",
-                f"does not split evenly across {n} devices; use a multiple of {n}",
-            )
         check(
             self.multiagent.count_steps_by in COUNT_STEPS_BY,
             "multiagent.count_steps_by",
@@ -253,13 +235,7 @@ class PPOConfig:
             "multiagent.count_steps_by",
             f"'agent_steps' needs a multi-agent env; {self.env!r} is single-agent",
         )
-        self._validate_multiagent(check)
-        return self
-
-    def _validate_multiagent(self, check) -> None:
-        ma = self.multiagent
-        pids = self.policy_ids
-        for pid, overrides in ma.policies.items():
+        for pid, overrides in self.multiagent.policies.items():
             check(
                 overrides is None or isinstance(overrides, Mapping),
                 f"multiagent.policies.{pid}",
@@ -276,28 +252,21 @@ class PPOConfig:
                     self.policy_config(pid)
                 except ValueError as e:
                     raise ValueError(f"multiagent.policies.{pid}: {e}") from None
-        unknown = sorted({p for p in ma.policy_mapping.values() if p not in pids})
-        check(
-            not unknown,
-            "multiagent.policy_mapping",
-            f"maps to unknown policy id(s) {unknown}; policies: {list(pids)}",
-        )
-        check(
-            len(pids) == 1 or bool(ma.policy_mapping),
-            "multiagent.policy_mapping",
-            f"is needed to map the env's agents to the {len(pids)} policies {list(pids)}",
-        )
-        unknown = [p for p in (ma.policies_to_train or ()) if p not in pids]
-        check(
-            not unknown,
-            "multiagent.policies_to_train",
-            f"names unknown policy id(s) {unknown}; policies: {list(pids)}",
-        )
+        return self
+
+
+TRACED_FIELDS = fields_of(PPOConfig, "traced")
+"""`PPOConfig` fields that are traced hyper-parameters (`PPOHParams`'s fields)."""
+
+PER_POLICY_KEYS = tuple(_key(name) for name in fields_of(PPOConfig, "traced", "per_policy"))
+"""Config keys a policy in `multiagent.policies` may override (the traced ones included)."""
 
 
 @struct.dataclass
 class PPOHParams:
-    """PPO hyper-parameters that live in `PlanState` as traced scalars (vmap-able)."""
+    """PPO hyper-parameters that live in `PlanState` as traced f32 scalars (vmap-able): the
+    `PPOConfig` fields declared `traced` (checked at import; the order here is the checkpoint's
+    leaf order)."""
 
     lr: jnp.ndarray
     gamma: jnp.ndarray
@@ -310,111 +279,26 @@ class PPOHParams:
 
     @classmethod
     def from_config(cls, config: PPOConfig) -> PPOHParams:
+        """The config's traced fields as f32 scalars."""
         return cls(
             **{f.name: jnp.float32(getattr(config, f.name)) for f in dataclasses.fields(cls)}
         )
 
 
-# Tuned presets: `jaxplan train ppo --env NAME` starts from these (on top of RLlib's defaults).
-_SMALL_FAST = dict(
-    num_workers=4,
-    num_envs_per_worker=4,
-    kl_coeff=0.0,
-    clip_param=0.2,
-    grad_clip=0.5,
-    model={"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
-)
-PRESETS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": dict(
-        _SMALL_FAST,
-        rollout_fragment_length=32,
-        train_batch_size=512,
-        sgd_minibatch_size=128,
-        num_sgd_iter=8,
-        lr=2.5e-3,
-        gamma=0.99,
-        lambda_=0.95,
-        vf_clip_param=10.0,
-        vf_loss_coeff=0.5,
-        entropy_coeff=0.0,
-    ),
-    "Acrobot-v1": dict(
-        _SMALL_FAST,
-        rollout_fragment_length=64,
-        train_batch_size=1024,
-        sgd_minibatch_size=256,
-        num_sgd_iter=4,
-        lr=2.5e-3,
-        lambda_=0.95,
-        entropy_coeff=0.01,
-        vf_loss_coeff=0.5,
-        vf_clip_param=100.0,
-    ),
-    "Pendulum-v1": dict(
-        _SMALL_FAST,
-        num_envs_per_worker=8,
-        rollout_fragment_length=64,
-        train_batch_size=2048,
-        sgd_minibatch_size=256,
-        num_sgd_iter=10,
-        lr=1e-3,
-        gamma=0.95,
-        lambda_=0.95,
-        vf_clip_param=2000.0,
-        vf_loss_coeff=0.5,
-    ),
-}
-# multi-agent: the CartPole preset per agent; MPE (JaxMARL) in the style of IPPO's settings
-PRESETS["MultiAgentCartPole"] = dict(PRESETS["CartPole-v1"])
-PRESETS[JAXMARL_PREFIX + "MPE_simple_spread_v3"] = dict(
-    _SMALL_FAST,
-    num_envs_per_worker=8,
-    rollout_fragment_length=32,
-    train_batch_size=1024,
-    sgd_minibatch_size=256,
-    num_sgd_iter=4,
-    lr=1e-3,
-    lambda_=0.95,
-    entropy_coeff=0.01,
-    vf_loss_coeff=0.5,
-    vf_clip_param=100.0,
-)
-for _name in ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "SpaceInvaders-MinAtar"):
-    PRESETS[_name] = dict(
-        num_workers=8,
-        num_envs_per_worker=8,
-        rollout_fragment_length=128,
-        train_batch_size=8192,
-        sgd_minibatch_size=1024,
-        num_sgd_iter=4,
-        lr=5e-4,
-        kl_coeff=0.0,
-        clip_param=0.2,
-        grad_clip=0.5,
-        lambda_=0.95,
-        entropy_coeff=0.01,
-        vf_loss_coeff=0.5,
-        vf_clip_param=100.0,
-        model={"fcnet_hiddens": [256, 256], "fcnet_activation": "relu"},
+if {f.name for f in dataclasses.fields(PPOHParams)} != set(TRACED_FIELDS):
+    raise TypeError(
+        f"PPOHParams fields {[f.name for f in dataclasses.fields(PPOHParams)]} must be the "
+        f"PPOConfig fields declared traced {list(TRACED_FIELDS)}"
     )
 
 
 def preset_config(env: str, overrides: Mapping[str, Any] | None = None) -> PPOConfig:
-    """RLlib defaults, then the tuned preset for `env` (if any), then `overrides`."""
+    """RLlib defaults, then the tuned preset for `env` (if any, `PRESETS`), then `overrides`."""
     preset = {_key(k): v for k, v in PRESETS.get(env, {}).items()}
     return PPOConfig().updated({**preset, "env": env}).updated(overrides or {})
 
 
 # ---- helpers ------------------------------------------------------------------------------
-_ALIASES = {"lambda": "lambda_", "_fake_gpus": "fake_gpus"}
-_KEYS = {field: key for key, field in _ALIASES.items()}
-
-
-def _key(field_name: str) -> str:
-    """The RLlib config key of a `PPOConfig` field."""
-    return _KEYS.get(field_name, field_name)
-
-
 def _plain(v):
     if isinstance(v, tuple):
         return list(v)
@@ -451,8 +335,14 @@ def _nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+@functools.cache
+def _types(cls: type) -> dict[str, Any]:
+    """Field name -> resolved type of a config dataclass (annotations are strings here)."""
+    return typing.get_type_hints(cls)
+
+
 def _apply(obj, overrides: dict[str, Any], prefix: str):
-    fields = {f.name: f for f in dataclasses.fields(obj)}
+    fields = {f.name for f in dataclasses.fields(obj)}
     valid = sorted(_key(n) for n in fields)
     changes = {}
     for key, value in overrides.items():
@@ -471,51 +361,44 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
                 raise ValueError(f"config[{full!r}] must be a dict, got {value!r}")
             changes[name] = _apply(current, dict(value), prefix=full + ".")
         else:
-            changes[name] = _coerce(full, value, fields[name].type, current)
+            try:
+                changes[name] = _coerce(value, _types(type(obj))[name])
+            except TypeError as e:
+                raise ValueError(f"config[{full!r}] = {value!r}: expected {e}") from None
     return dataclasses.replace(obj, **changes)
 
 
-def _coerce(key: str, value: Any, annotation: str, current: Any):
-    """Checks `value` against the field's annotation (a string under `from __future__`)."""
+_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+_ACCEPTS = {bool: bool, int: int, float: int | float, str: str}
 
-    def bad(expected: str):
-        return ValueError(f"config[{key!r}] = {value!r}: expected {expected}")
 
-    optional = "None" in annotation
-    if value is None:
-        if optional:
+def _coerce(value: Any, tp: Any) -> Any:
+    """`value` as type `tp` (`bool`, `int`, `float`, `str`, `X | None`, `tuple[X, ...]`,
+    `Mapping[...]`), the way a JSON/YAML config means it: integral floats are ints, ints are
+    floats, bools are neither, lists are tuples. Raises `TypeError(what was expected)`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
             return None
-        raise bad(annotation)
-    if annotation.startswith("bool"):
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if annotation.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise bad("an integer")
-        return value
-    if annotation.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("a number")
-        return float(value)
-    if annotation.startswith("str"):
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if annotation.startswith("tuple[int"):
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise bad("a list of integers")
-        return tuple(value)
-    if annotation.startswith("tuple[str"):
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise bad("a list of strings")
-        return tuple(value)
-    if annotation.startswith("Mapping"):
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner)
+    if origin is tuple:
+        inner = args[0]
+        if not isinstance(value, list | tuple):
+            raise TypeError(f"a list of {_PLURAL[inner]}")
+        try:
+            return tuple(_coerce(v, inner) for v in value)
+        except TypeError:
+            raise TypeError(f"a list of {_PLURAL[inner]}") from None
+    if origin is Mapping:
         if not isinstance(value, Mapping):
-            raise bad("a dict")
+            raise TypeError("a dict")
         return dict(value)
-    raise AssertionError(f"unhandled config annotation {annotation!r} for {key}")
+    if tp not in _EXPECTED:
+        raise AssertionError(f"unhandled config field type {tp!r}")
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) != (tp is bool) or not isinstance(value, _ACCEPTS[tp]):
+        raise TypeError(_EXPECTED[tp])
+    return tp(value)
