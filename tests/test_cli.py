@@ -114,11 +114,35 @@ def test_config_file_and_overrides(tmp_path):
 
 
 def test_existing_results_are_kept(tmp_path):
-    from jaxplan import preset_config
+    from jaxplan.results import ResultWriter
 
     (tmp_path / "result.jsonl").write_text('{"old": 1}\n')
-    writer = cli._ResultWriter(tmp_path, preset_config("CartPole-v1"), [0])
+    writer = ResultWriter(tmp_path, {"seeds": [0]})
     writer.write([{"new": 2, "episode_reward_mean": float("nan")}])
     assert (tmp_path / "result.1.jsonl").read_text() == '{"old": 1}\n'
     # strict JSON: NaN (no episode finished yet) is written as null
     assert (tmp_path / "result.jsonl").read_text() == '{"new": 2, "episode_reward_mean": null}\n'
+    assert writer.kept == [(tmp_path / "result.jsonl", tmp_path / "result.1.jsonl")]
+
+
+def test_async_throughput_counts_the_true_steps_per_iteration(tmp_path, capsys):
+    # async: each round emits one group's fragment (4 envs x 32 steps = 128 env steps), so a
+    # train batch of 600 takes ceil(600 / 128) = 5 rounds = 640 env steps, not 2 x 512
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "--stop-iters", "3", "--report-every", "3", "--no-compile-cache"]
+    argv += ["--output", str(out), "--config", 'rollout_mode="async"']
+    argv += ["--config", "train_batch_size=600", "--config", "model.fcnet_hiddens=[8]"]
+    argv += ["--config", "num_sgd_iter=1", "--config", "sgd_minibatch_size=128"]
+    assert cli.main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "4 groups x 4 envs x 32 steps, train batch >= 600 env steps" in stdout
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("iter")]
+    results = [json.loads(ln) for ln in (out / "result.jsonl").read_text().splitlines()]
+    assert len(lines) == len(results) == 3
+    for line, r in zip(lines, results, strict=True):
+        assert r["timesteps_this_iter"] == 640
+        assert r["timesteps_total"] == 640 * r["training_iteration"]
+        rate = r["timesteps_this_iter"] / r["time_this_iter_s"]
+        assert r["num_env_steps_sampled_throughput_per_sec"] == pytest.approx(rate)
+        printed = float(line.split("env_steps/s")[1].replace(",", ""))
+        assert abs(printed - rate) <= 0.5

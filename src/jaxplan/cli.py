@@ -3,14 +3,15 @@
 Every iteration's full result goes to `OUTPUT/result.jsonl` (one JSON object per line, RLlib's
 keys, plus `seed`); the resolved config to `OUTPUT/params.json`. An existing `result.jsonl` is
 kept, renamed to `result.N.jsonl`. Bad flags and config values are one-line errors (exit 2).
+The training loop and the files are `jaxplan.runner.Runner`'s; this module parses and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -204,77 +205,51 @@ def _train(args) -> int:
     if multi_process and "num_devices" not in overrides and config.data_parallel_devices == 0:
         config = config.updated({"num_devices": -1})  # one mesh over every process's devices
     writes = distributed.is_writer()
-    if not writes:
-        args.quiet = True
-    if not args.no_compile_cache and not multi_process:
-        _enable_compile_cache(jax)
     from jaxplan.ppo.plan import build_workers, execution_plan
     from jaxplan.run import Stop
-    from jaxplan.stages.concat_batches import num_rounds
+    from jaxplan.runner import Runner, enable_compile_cache
 
+    if not args.no_compile_cache and not multi_process:
+        enable_compile_cache()
     workers = build_workers(config)
     plan = execution_plan(workers, config)
-    steps_per_iter = num_rounds(config.train_batch_size, workers.round_env_steps) * (
-        workers.round_env_steps
-    )
     stop = Stop(
         episode_reward_mean=args.stop_reward,
         timesteps_total=args.stop_timesteps,
         training_iteration=args.stop_iters,
     )
     seeds = list(range(args.seed, args.seed + args.num_seeds))
-    writer = _ResultWriter(args.output, config, seeds) if args.output and writes else None
+    params = {"algorithm": "PPO", "seeds": seeds, "config": config.to_dict()}
+    try:
+        runner = Runner(plan, seeds, stop, args.report_every, args.output, params, writes)
+    except OSError as e:
+        raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
     say = print if writes else _silent
-
+    for old, new in runner.writer.kept if runner.writer else ():
+        say(f"jaxplan: kept the previous {old.name} as {new.name}")
+    count = config.multiagent.count_steps_by.replace("_", " ")
     say(
-        f"jaxplan: PPO on {config.env} | seeds {seeds[0]}..{seeds[-1]} | {steps_per_iter} env "
-        f"steps/iter ({workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
-        f"{workers.rollout_fragment_length} steps) | {config.num_sgd_iter} epochs of minibatch "
-        f"{config.sgd_minibatch_size} | {_describe_stop(stop)} | {_describe_devices(jax, workers)}",
+        f"jaxplan: PPO on {config.env} | seeds {seeds[0]}..{seeds[-1]} | "
+        f"{workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
+        f"{workers.rollout_fragment_length} steps, train batch >= {config.train_batch_size} "
+        f"{count} | {config.num_sgd_iter} epochs of minibatch {config.sgd_minibatch_size} | "
+        f"{_describe_stop(stop)} | {_describe_devices(jax, workers)}",
         flush=True,
     )
-    chunk_fn, states, t_compile = _compile(plan, seeds, args.report_every, stop)
-    t_start = time.perf_counter()
+    t_compile = runner.compile().compile_s
     say(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
-    done_at: dict[int, dict] = {}
-    while len(done_at) < len(seeds):
-        t0 = time.perf_counter()
-        states, results = chunk_fn(states)
-        results = jax.device_get(results)
-        dt = time.perf_counter() - t0
-        per_iter = dt / args.report_every
-        lines = []
-        for i in range(args.report_every):
-            row = []
-            for s, seed in enumerate(seeds):
-                if seed in done_at:
-                    continue
-                r = plan.report(jax.tree.map(lambda x, s=s, i=i: x[s, i], results))
-                done = bool(r.pop("done"))
-                r.update(
-                    seed=seed,
-                    time_this_iter_s=per_iter,
-                    time_total_s=t0 - t_start + (i + 1) * per_iter,
-                    num_env_steps_sampled_throughput_per_sec=steps_per_iter / per_iter,
-                )
-                row.append(r)
-                if done:
-                    done_at[seed] = r
-            if row:
-                lines.append(row)
-        if workers.mesh is not None:  # collective: every process checks, every chunk
-            distributed.check_replicated(states.policies, "policies")
-        if writer:
-            writer.write([r for row in lines for r in row])
-            writer.checkpoint(states, seeds)
-        if not args.quiet:
-            for row in lines:
-                print(_format_line(row), flush=True)
-    total = time.perf_counter() - t_start
+    t_start = time.perf_counter()
+    for results in runner:
+        if writes and not args.quiet:
+            for _, row in itertools.groupby(results, key=lambda r: r["training_iteration"]):
+                print(_format_line(list(row)), flush=True)
     if writes:
-        _print_summary(args, done_at, seeds, total, t_compile)
-    if writer:
-        print(f"jaxplan: results in {writer.path}, final policies in {writer.checkpoint_path}")
+        _print_summary(args, runner, time.perf_counter() - t_start, t_compile)
+    if runner.writer:
+        print(
+            f"jaxplan: results in {runner.writer.path}, "
+            f"final policies in {runner.writer.checkpoint_path}"
+        )
     return 0
 
 
@@ -289,48 +264,6 @@ def _describe_devices(jax, workers) -> str:
     n = workers.mesh.size
     where = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
     return f"{n} {workers.mesh.devices.flat[0].platform} devices{where} (data-parallel)"
-
-
-def _enable_compile_cache(jax) -> None:
-    cache = os.environ.get("JAXPLAN_CACHE_DIR", str(Path.home() / ".cache" / "jaxplan" / "xla"))
-    try:
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    except Exception:  # noqa: BLE001 - the cache is an optimisation only
-        pass
-
-
-def _compile(plan, seeds, chunk, stop):
-    """AOT-compiles `init` and one chunk of `chunk` iterations (vmapped over seeds when there
-    are several: a vmap of one costs compile time for nothing). Returns the chunk function,
-    whose results always have a leading seed axis, the initial states and the compile seconds
-    of both programs."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from jaxplan.run import run_iterations
-
-    def run_chunk(state):
-        return run_iterations(plan, state, chunk, stop)
-
-    t0 = time.perf_counter()
-    # host arrays: in a multi-process run every process passes the same (replicated) keys
-    keys = np.asarray(jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32)))
-    if len(seeds) > 1:
-        init = jax.jit(jax.vmap(plan.init)).lower(keys).compile()
-        compiled = jax.jit(jax.vmap(run_chunk), donate_argnums=0).lower(init.out_info).compile()
-        states, chunk_fn = init(keys), compiled
-    else:
-        init = jax.jit(plan.init).lower(keys[0]).compile()
-        compiled = jax.jit(run_chunk, donate_argnums=0).lower(init.out_info).compile()
-        states = init(keys[0])
-
-        def chunk_fn(state):
-            state, results = compiled(state)
-            return state, jax.tree.map(lambda x: x[None], results)
-
-    return chunk_fn, states, time.perf_counter() - t0
 
 
 def _describe_stop(stop) -> str:
@@ -364,11 +297,11 @@ def _format_line(row: list[dict]) -> str:
     return line + f"  env_steps/s {total_rate:,.0f}"
 
 
-def _print_summary(args, done_at, seeds, total, t_compile) -> None:
-    for seed in seeds:
-        r = done_at.get(seed)
-        if r is None:
+def _print_summary(args, runner, total, t_compile) -> None:
+    for seed in runner.seeds:
+        if seed not in runner.done:
             continue
+        r = runner.last[seed]
         reached = args.stop_reward is not None and r["episode_reward_mean"] >= args.stop_reward
         what = (
             f"reached episode_reward_mean {r['episode_reward_mean']:.1f} >= {args.stop_reward:g}"
@@ -380,69 +313,6 @@ def _print_summary(args, done_at, seeds, total, t_compile) -> None:
             f"iteration {r['training_iteration']}"
         )
     print(f"jaxplan: wall time {total + t_compile:.1f} s ({t_compile:.1f} s compile)")
-
-
-def _finite(x):
-    """NaN/inf -> None, so every line is strict JSON (NaN is not JSON; jq and browsers reject
-    it). `episode_reward_mean` is NaN before the first completed episode."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
-
-
-def _keep_previous(path: Path) -> None:
-    """Renames an existing `NAME.SUFFIX` to the first free `NAME.N.SUFFIX`: never overwrite."""
-    if not path.exists():
-        return
-    n = 1
-    while path.with_name(f"{path.stem}.{n}{path.suffix}").exists():
-        n += 1
-    kept = path.with_name(f"{path.stem}.{n}{path.suffix}")
-    path.rename(kept)
-    print(f"jaxplan: kept the previous {path.name} as {kept.name}")
-
-
-class _ResultWriter:
-    """Appends results as JSON lines, flushed and fsynced per chunk; never overwrites. Keeps
-    the latest policies (params, optimizer state, kl_coeff) and counters in
-    `checkpoint.msgpack`, replaced atomically after each chunk."""
-
-    def __init__(self, directory: Path, config, seeds):
-        try:
-            self._open(directory, config, seeds)
-        except OSError as e:
-            raise UsageError(f"--output {directory}: cannot write results ({e.strerror})") from None
-
-    def _open(self, directory: Path, config, seeds) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / "result.jsonl"
-        _keep_previous(self.path)
-        params = {"algorithm": "PPO", "seeds": seeds, "config": config.to_dict()}
-        tmp = directory / "params.json.tmp"
-        tmp.write_text(json.dumps(params, indent=2) + "\n")
-        os.replace(tmp, directory / "params.json")
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at exit
-        self.checkpoint_path = directory / "checkpoint.msgpack"
-        _keep_previous(self.checkpoint_path)
-
-    def checkpoint(self, states, seeds) -> None:
-        from jaxplan.checkpoint import save
-
-        save(
-            self.checkpoint_path,
-            {"seeds": seeds, "policies": states.policies, "counters": states.counters},
-        )
-
-    def write(self, results: list[dict]) -> None:
-        if not results:
-            return
-        self._file.write("".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in results))
-        self._file.flush()
-        os.fsync(self._file.fileno())
 
 
 if __name__ == "__main__":
