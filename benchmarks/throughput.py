@@ -106,7 +106,9 @@ def random_workers(workers):
     """`workers` with a `RandomPolicy` in place of its policy: same env, actor groups, envs per
     group, fragment length, metrics window and mesh."""
     env, normalize = workers.env, workers.normalize_actions
-    policy = jaxplan.RandomPolicy(env.observation_shape, env.action_space, normalize)
+    policy = jaxplan.RandomPolicy(
+        env.observation_shape, env.action_space, normalize_actions=normalize
+    )
     return jaxplan.WorkerSet(
         env,
         {jaxplan.DEFAULT_POLICY_ID: policy},

@@ -16,13 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxplan import MultiGPUTrainOneStep, StandardizeFields, TrainOneStep, ppo_plan
+from jaxplan import (
+    MultiGPUTrainOneStep,
+    ParallelRollouts,
+    StandardizeFields,
+    TrainOneStep,
+    ppo_plan,
+)
 from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from jaxplan.devices import AXIS
 from jaxplan.ppo.config import preset_config
 from jaxplan.ppo.plan import build_workers
 from jaxplan.run import Stop, run_iterations
-from jaxplan.stages.rollouts import sample_round
 
 PID = DEFAULT_POLICY_ID
 # 8 groups x 2 envs x 16 steps = 256 rows per round: divisible by every N in 1, 2, 4, 8
@@ -52,15 +57,15 @@ def rounds_one_and_many(one, many, key):
     sharded over `many`'s mesh. Returns `(ref_state, ref_batch, state, batch)`; the sharded
     batch's rows are device-major."""
     state0 = one.init(key)
-    ref_state, ref_batch = jax.jit(lambda s: sample_round(one, s))(state0)
+    ref_state, ref_batch = jax.jit(ParallelRollouts(one).pull)(state0)
     specs = many.state_specs()
     sharded_round = jax.shard_map(
-        lambda s: sample_round(many, s),
+        ParallelRollouts(many).pull,
         mesh=many.mesh,
         in_specs=(specs,),
         out_specs=(specs, P(AXIS)),
     )
-    state, batch = jax.jit(sharded_round)(many.place(state0))
+    state, batch = jax.jit(sharded_round)(many.place(state0, specs))
     return ref_state, ref_batch, state, batch
 
 
@@ -113,16 +118,15 @@ def equivalence(n: int) -> dict:
 
     def reference(state, pb):
         batch = StandardizeFields(["advantages"])(MultiAgentBatch({PID: pb}, env_steps=256))
-        state, (batch, info) = TrainOneStep(one, num_sgd_iter=2, sgd_minibatch_size=32)(
-            state, batch
-        )
+        train = TrainOneStep(one, num_sgd_iter=2, sgd_minibatch_size=32)
+        state, _, (batch, info) = train.apply(state, None, batch)
         return state.policies, info, batch.policy_batches[PID]["advantages"]
 
     def data_parallel(state, pb):
         batch = MultiAgentBatch({PID: pb}, env_steps=256, shard_axis=AXIS, num_shards=n)
         batch = StandardizeFields(["advantages"])(batch)
         step = MultiGPUTrainOneStep(many, sgd_minibatch_size=32, num_sgd_iter=2, num_gpus=n)
-        state, (batch, info) = step(state, batch)
+        state, _, (batch, info) = step.apply(state, None, batch)
         return state.policies, info, batch.policy_batches[PID]["advantages"]
 
     ref_pol, ref_info, ref_adv = jax.jit(reference)(train_state, global_batch)

@@ -155,6 +155,7 @@ def test_async_env_steps_are_continuous(groups, num_async):
     )
     flow = ParallelRollouts(workers, mode="async", num_async=num_async)
     state = flow.init(workers.init(jax.random.PRNGKey(1)))
+    assert list(state.stages) == ["parallel_rollouts"]  # the stage's own state
     pull = jax.jit(flow.pull)
     seen: dict[float, list[float]] = {}
     for _ in range(rounds):
@@ -175,7 +176,7 @@ def test_async_env_steps_are_continuous(groups, num_async):
     # but the fragment in progress were emitted
     segment = t // groups
     env_total = np.asarray(state.actors.obs["agent0"][..., 1])  # [groups, envs]
-    fill = np.asarray(state.actors.fill)
+    fill = np.asarray(state.stages["parallel_rollouts"].groups.fill)
     for j in range(groups):
         assert (env_total[j] == (j + rounds) * segment).all()
         emitted = [len(seen[i]) for i in np.asarray(state.actors.obs["agent0"][j, :, 0])]
@@ -290,9 +291,10 @@ def test_async_configuration_errors():
         ParallelRollouts(build_workers(PPOConfig()), mode="bulk_sync", num_async=2)
     with pytest.raises(ValueError, match="valid modes"):
         ParallelRollouts(build_workers(PPOConfig()), mode="sync")
-    with pytest.raises(ValueError, match="'rollout_fragment_length'"):
-        PPOConfig().updated({"rollout_mode": "async", "num_workers": 3})
-    with pytest.raises(ValueError, match="'num_async'"):
-        PPOConfig().updated({"num_async": 2})
-    with pytest.raises(ValueError, match="'rollout_mode'"):
-        PPOConfig().updated({"rollout_mode": "asynch"})
+    # the config leaves these to ParallelRollouts: building the plan raises (nothing compiles)
+    with pytest.raises(ValueError, match=r"rollout_fragment_length \(200\).*multiple.*\(3\)"):
+        ppo_plan(PPOConfig().updated({"rollout_mode": "async", "num_workers": 3}))
+    with pytest.raises(ValueError, match="only applies to mode='async'"):
+        ppo_plan(PPOConfig().updated({"num_async": 2}))
+    with pytest.raises(ValueError, match="valid modes"):
+        ppo_plan(PPOConfig().updated({"rollout_mode": "asynch"}))

@@ -7,7 +7,6 @@ import pytest
 import jaxplan
 from jaxplan.distributions import Categorical, DiagGaussian
 from jaxplan.stages.acting import to_env_action
-from jaxplan.stages.rollouts import sample_round
 
 SMALL = {
     "num_workers": 1,
@@ -33,7 +32,7 @@ def test_plan_runs_and_learner_stats_are_finite(env, dist, obs_shape):
     policy = plan.workers.policies["default_policy"]
     assert policy.dist == dist and plan.workers.env.observation_shape == obs_shape
     state = plan.init(jax.random.PRNGKey(0))
-    _, batch = jax.jit(lambda s: sample_round(plan.workers, s))(state)
+    _, batch = jax.jit(jaxplan.ParallelRollouts(plan.workers).pull)(state)
     pb = batch.policy_batches["default_policy"]
     assert pb["obs"].shape == (16, *obs_shape)
     assert pb["action_dist_inputs"].shape == (16, dist.num_inputs)
@@ -48,11 +47,15 @@ def test_box_actions_are_normalized_to_the_bounds():
     plan = jaxplan.ppo_plan(SMALL, env="Pendulum-v1")  # torque in [-2, 2]
     raw = jax.numpy.array([[-5.0], [-1.0], [0.0], [0.5], [3.0]])
     np.testing.assert_allclose(
-        to_env_action(plan.workers.env.action_space, raw, plan.workers.normalize_actions)[:, 0],
+        to_env_action(
+            plan.workers.env.action_space, raw, normalize_actions=plan.workers.normalize_actions
+        )[:, 0],
         [-2, -2, 0, 1, 2],
     )
     plain = jaxplan.ppo_plan({**SMALL, "normalize_actions": False}, env="Pendulum-v1")
     np.testing.assert_allclose(
-        to_env_action(plain.workers.env.action_space, raw, plain.workers.normalize_actions)[:, 0],
+        to_env_action(
+            plain.workers.env.action_space, raw, normalize_actions=plain.workers.normalize_actions
+        )[:, 0],
         [-2, -1, 0, 0.5, 2],
     )

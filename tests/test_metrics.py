@@ -48,7 +48,7 @@ def test_vf_loss_rule_only_with_shared_layers():
 
 def test_report_converts_to_python_and_runs_host_stages():
     plan = jaxplan.ppo_plan({"vf_clip_param": 1.0}, env="CartPole-v1")
-    assert len(plan.host_stages) == 1  # warn_about_bad_reward_scales
+    assert len(plan.hooks) == 1  # warn_about_bad_reward_scales
     big = Counter(lo=np.uint32(5), hi=np.uint32(1))
     device_result = {
         "episode_reward_mean": np.float32(500.0),

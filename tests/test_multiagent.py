@@ -12,6 +12,7 @@ import pytest
 
 from jaxplan import (
     MultiAgentBatch,
+    ParallelRollouts,
     PPOConfig,
     PPOPolicy,
     RandomPolicy,
@@ -122,9 +123,8 @@ def test_agents_sharing_a_policy_fill_its_batch_with_both_agents_rows():
     workers = plan.workers
     assert workers.policy_agents == {"p0": ("a0", "a1"), "p1": ("a2",)}
     flow_state = jax.jit(plan.init)(jax.random.PRNGKey(0))
-    from jaxplan.stages.rollouts import sample_round
 
-    _, batch = jax.jit(lambda s: sample_round(workers, s))(flow_state)
+    _, batch = jax.jit(ParallelRollouts(workers).pull)(flow_state)
     env_steps = 1 * 2 * 4
     assert batch.env_steps == env_steps
     p0, p1 = batch.policy_batches["p0"], batch.policy_batches["p1"]
@@ -231,8 +231,13 @@ def test_policy_mapping_errors():
         WorkerSet(env, {"p0": pol, "p1": pol}, policy_mapping={a: "p0" for a in env.agents})
     with pytest.raises(ValueError, match="cannot differ per policy"):
         PPOConfig().updated({"multiagent": {"policies": {"p0": {"num_workers": 2}}}})
-    with pytest.raises(ValueError, match="policies_to_train.*unknown"):
-        PPOConfig().updated({"multiagent": {"policies": {"p0": {}}, "policies_to_train": ["p9"]}})
+    # the config leaves policy ids to the WorkerSet (and the mapping to resolve_policy_mapping)
+    ma = {"policies": {"p0": {}}, "policies_to_train": ["p9"]}
+    with pytest.raises(ValueError, match=r"policies_to_train \['p9'\] not in policies"):
+        ppo_plan(PPOConfig().updated({"multiagent": ma}))
+    ma = {"policies": {"p0": {}, "p1": {}}}
+    with pytest.raises(ValueError, match="need a policy_mapping"):
+        ppo_plan(PPOConfig().updated({"multiagent": ma}))
 
 
 # ---- async and multi-agent ----------------------------------------------------------------------

@@ -28,7 +28,8 @@ PID = DEFAULT_POLICY_ID
 _record = jax.jit(EpisodeWindow.record)
 _episode_stats = jax.jit(episode_stats)
 _epoch_indices = jax.jit(
-    jax.vmap(minibatch_indices, in_axes=(0, None, None, None)), static_argnums=(1, 2, 3)
+    lambda keys, rows, mb: jax.vmap(lambda k: minibatch_indices(k, rows, mb, shuffle=True))(keys),
+    static_argnums=(1, 2),
 )
 
 # num_workers x num_envs_per_worker x rollout_fragment_length = 1 x 2 x 8 = 16 = round size R;
@@ -307,7 +308,7 @@ def test_standardize_fields_over_the_concatenated_batch(concat_batch):
 
 
 def test_update_kl_stage_sequence(plan, state0):
-    stage = UpdateKL(plan.workers)
+    stage = UpdateKL()
     ps0 = state0.policies[PID]
     assert float(ps0.kl_coeff) == pytest.approx(0.2)
     target = float(ps0.hparams.kl_target)
@@ -319,8 +320,8 @@ def test_update_kl_stage_sequence(plan, state0):
     seen = []
     for kl in kls:
         info = {PID: {"learner_stats": {"kl": jnp.float32(kl)}}}
-        state, out = stage(state, info)
-        assert out is info
+        state, own, out = stage.apply(state, None, info)
+        assert out is info and own is None
         coeff = kl_rule_reference(coeff, float(np.float32(kl)), target)
         seen.append(float(state.policies[PID].kl_coeff))
         np.testing.assert_allclose(seen[-1], coeff, rtol=1e-6)
@@ -341,13 +342,13 @@ def test_update_kl_uses_the_states_kl_target(plan, state0):
     ps = state0.policies[PID]
     ps = ps.replace(hparams=ps.hparams.replace(kl_target=jnp.float32(0.1)))
     state = state0.replace(policies={**state0.policies, PID: ps})
-    stage = jax.jit(UpdateKL(plan.workers))
+    stage = jax.jit(lambda s, info: UpdateKL().apply(s, None, info)[0])
     info = {PID: {"learner_stats": {"kl": jnp.float32(0.05)}}}
     # 0.05 is in [0.05, 0.2] for target 0.1 (it would be x1.5 for the default 0.01)
-    state, _ = stage(state, info)
+    state = stage(state, info)
     assert float(state.policies[PID].kl_coeff) == pytest.approx(0.2)
     info = {PID: {"learner_stats": {"kl": jnp.float32(0.3)}}}
-    state, _ = stage(state, info)
+    state = stage(state, info)
     assert float(state.policies[PID].kl_coeff) == pytest.approx(0.3)
 
 
@@ -369,7 +370,7 @@ def test_plan_step_applies_kl_rule_to_reported_kl(state0, stepped):
 @pytest.mark.parametrize("num_rows,mb", [(43, 8), (48, 48), (10, 3)])
 def test_minibatch_indices_distinct_per_epoch(num_rows, mb):
     keys = jax.random.split(jax.random.PRNGKey(1), 4)
-    epochs = list(np.asarray(_epoch_indices(keys, num_rows, mb, True)))
+    epochs = list(np.asarray(_epoch_indices(keys, num_rows, mb)))
     num_mb = num_rows // mb
     for idx in epochs:
         assert idx.shape == (num_mb, mb)
@@ -422,8 +423,20 @@ def test_sgd_epochs_cover_distinct_rows(num_rows, mb, shuffle):
         version=jnp.int32(0),
     )
     batch = {"row": jnp.arange(num_rows, dtype=jnp.int32)}
-    run = jax.jit(sgd_epochs, static_argnums=(0, 4, 5, 6))
-    pstate, stats = run(policy, pstate, batch, jax.random.PRNGKey(3), epochs, mb, shuffle)
+    run = jax.jit(
+        sgd_epochs,
+        static_argnums=0,
+        static_argnames=("num_sgd_iter", "minibatch_size", "shuffle"),
+    )
+    pstate, stats = run(
+        policy,
+        pstate,
+        batch,
+        jax.random.PRNGKey(3),
+        num_sgd_iter=epochs,
+        minibatch_size=mb,
+        shuffle=shuffle,
+    )
     w = np.asarray(pstate.params["w"])
     assert float(pstate.params["t"]) == epochs * num_mb
     for e in range(epochs):

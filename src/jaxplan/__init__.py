@@ -1,18 +1,30 @@
-"""jaxplan: RLlib-style execution plans as pure, compiled JAX functions."""
+"""jaxplan: RLlib-style execution plans as pure, compiled JAX functions.
 
-from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+What a plan author needs is here: the stage contract (`Stage`), `Flow` and `Plan`, RLlib's
+stages, `WorkerSet`/`PlanState`, the policy contract, PPO's plan and config, and the runners.
+Formulas (`jaxplan.gae`, `jaxplan.vtrace`, `jaxplan.ppo.loss`), devices (`jaxplan.devices`),
+envs (`jaxplan.envs`, `jaxplan.multi_agent`) and checkpoints live in their submodules.
+"""
+
+from jaxplan.batch import (
+    DEFAULT_POLICY_ID,
+    LearnerInfo,
+    MultiAgentBatch,
+    SampleBatch,
+    TrainOutput,
+)
 from jaxplan.envs import Env
 from jaxplan.flow import Flow, Plan, Stage
-from jaxplan.gae import compute_gae
 from jaxplan.plans import sample_only_plan
+from jaxplan.policy import Policy, PolicyState
 from jaxplan.ppo.config import PPOConfig, PPOHParams, preset_config
 from jaxplan.ppo.plan import build_workers, execution_plan, ppo_plan
 from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.random_policy import RandomPolicy
 from jaxplan.run import Stop, make_train, run_iterations, train_seeds
+from jaxplan.runner import Runner
 from jaxplan.stages import (
     ConcatBatches,
-    DataParallelTrainOneStep,
     MultiGPUTrainOneStep,
     ParallelRollouts,
     SelectExperiences,
@@ -22,7 +34,6 @@ from jaxplan.stages import (
     UpdateKL,
     warn_about_bad_reward_scales,
 )
-from jaxplan.vtrace import vtrace
 from jaxplan.workers import PlanState, WorkerSet
 
 __version__ = "0.1.0"
@@ -30,9 +41,9 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_POLICY_ID",
     "ConcatBatches",
-    "DataParallelTrainOneStep",
     "Env",
     "Flow",
+    "LearnerInfo",
     "MultiAgentBatch",
     "MultiGPUTrainOneStep",
     "PPOConfig",
@@ -41,7 +52,10 @@ __all__ = [
     "ParallelRollouts",
     "Plan",
     "PlanState",
+    "Policy",
+    "PolicyState",
     "RandomPolicy",
+    "Runner",
     "SampleBatch",
     "SelectExperiences",
     "Stage",
@@ -49,10 +63,10 @@ __all__ = [
     "StandardizeFields",
     "Stop",
     "TrainOneStep",
+    "TrainOutput",
     "UpdateKL",
     "WorkerSet",
     "build_workers",
-    "compute_gae",
     "execution_plan",
     "make_train",
     "ppo_plan",
@@ -60,6 +74,5 @@ __all__ = [
     "run_iterations",
     "sample_only_plan",
     "train_seeds",
-    "vtrace",
     "warn_about_bad_reward_scales",
 ]

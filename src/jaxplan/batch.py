@@ -2,10 +2,13 @@
 
 Field names follow RLlib's `SampleBatch`. A batch that flows through a plan is always a
 `MultiAgentBatch` (a single-agent env has one policy, `DEFAULT_POLICY_ID`), so every stage
-handles one shape of data.
+handles one shape of data. Training stages emit a `TrainOutput` (batch and `LearnerInfo`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import jax
 from flax import struct
@@ -53,3 +56,35 @@ class MultiAgentBatch:
 
     def agent_steps(self) -> int:
         return self.num_shards * sum(batch_rows(b) for b in self.policy_batches.values())
+
+
+@struct.dataclass
+class LearnerInfo(Mapping):
+    """RLlib's learner info: `{policy_id: {"learner_stats": {name: scalar}, ...}}` for the
+    policies trained in one step (a read-only mapping over `policies`)."""
+
+    policies: dict[str, dict[str, Any]]
+
+    def __getitem__(self, policy_id: str) -> dict[str, Any]:
+        return self.policies[policy_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.policies)
+
+    def __len__(self) -> int:
+        return len(self.policies)
+
+
+@struct.dataclass
+class TrainOutput:
+    """TrainOneStep's item, RLlib's `(batch, learner_info)`: `t[1]` and `batch, info = t` work
+    as on RLlib's tuple."""
+
+    batch: MultiAgentBatch
+    learner_info: LearnerInfo
+
+    def __getitem__(self, index: int):
+        return (self.batch, self.learner_info)[index]
+
+    def __iter__(self):
+        return iter((self.batch, self.learner_info))

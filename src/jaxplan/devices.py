@@ -25,12 +25,11 @@ AXIS = "devices"
 """Name of the data-parallel mesh axis."""
 
 _XLA_HINT = (
-    "for N CPU devices set XLA_FLAGS=--xla_force_host_platform_device_count=N "
-    "before JAX starts"
+    "for N CPU devices set XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts"
 )
 
 
-def make_mesh(num_devices: int, fake_devices: bool = False) -> Mesh | None:
+def make_mesh(num_devices: int, *, fake_devices: bool = False) -> Mesh | None:
     """A one-axis mesh of `num_devices` devices (`-1` = all), or None for `0`.
 
     Raises `ValueError` naming what exists when more devices are asked for than there are, or

@@ -1,18 +1,29 @@
-"""Plan composition: `Flow.for_each` / `Flow.combine` build a pure `step` function.
+"""Plan composition: the stage contract, flows of stages, and compiled plans.
 
-A `Flow` is a pure function `pull(PlanState) -> (PlanState, item)`, built from stages at trace
-time. `for_each(stage)` applies a `Stage` (`(state, item) -> (state, item)`) or a plain function
-of the item (`lambda t: t[1]`) to each item; `combine(op)` hands the whole upstream `pull` to
+A `Stage` is an optax-style pair of pure functions over its *own* typed state:
+
+    init(state: PlanState) -> (PlanState, stage_state)
+    apply(state: PlanState, stage_state, item) -> (PlanState, stage_state, item)
+
+`state` is the plan's core (`PlanState` with `stages` emptied: policies, actor groups,
+episode windows, counters, key); the stage's own state lives in `PlanState.stages[name]` and is
+handed to it alone. A stage may also give its state's `partition_spec` on a device mesh and
+add `metrics` to each iteration's result.
+
+A `Flow` is built from stages at trace time: `Flow.source(stage)` starts it (the stage gets
+`item=None`), `for_each(stage)` appends a stage (a plain function of the item, such as
+`lambda t: t[1]`, is sugar for a stateless stage), `combine(op)` hands the upstream `pull` to
 `op`, which may call it several times (ConcatBatches scans it). `StandardMetricsReporting`
-turns a flow into a `Plan`: the compiled pair `init(key) -> PlanState` and
-`step(PlanState) -> (PlanState, Result)`. Functions given to `Plan.for_each` run on the host, on
-each result once it is off the device (RLlib's `warn_about_bad_reward_scales` is one).
+ends a flow in a `Plan`: the pure pair `init(key) -> PlanState` and
+`step(PlanState) -> (PlanState, Result)`. `Plan.on_result(fn)` adds a host-side hook that runs
+on each result once it is off the device (RLlib's `warn_about_bad_reward_scales`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -20,112 +31,191 @@ from jax.sharding import PartitionSpec as P
 from jaxplan.workers import PlanState, WorkerSet
 
 Pull = Callable[[PlanState], tuple[PlanState, Any]]
-Init = Callable[[PlanState], PlanState]
-"""Extends a fresh `PlanState` with the state a stage keeps (e.g. async rollouts' per-group
-params and fragments); a flow's inits run in order after `WorkerSet.init`."""
-
-
-def run_inits(inits: tuple[Init, ...], state: PlanState) -> PlanState:
-    """Applies the stages' state initializers in order."""
-    for fn in inits:
-        state = fn(state)
-    return state
-
-
-class Stage:
-    """Base class of stages that read or write `PlanState`: `(state, item) -> (state, item)`."""
-
-    def __call__(self, state: PlanState, item: Any) -> tuple[PlanState, Any]:
-        raise NotImplementedError
-
-
-class Combinator:
-    """Base class of operators used with `Flow.combine`: `upstream pull -> new pull`."""
-
-    def combine(self, upstream: Pull) -> Pull:
-        raise NotImplementedError
-
-
-class Flow:
-    """A pure dataflow over `PlanState`; see the module docstring."""
-
-    def __init__(self, workers: WorkerSet, pull: Pull, inits: tuple[Init, ...] = ()):
-        self.workers = workers
-        self.pull = pull
-        self.inits = tuple(inits)
-
-    def init(self, state: PlanState) -> PlanState:
-        """Runs the stages' state initializers on a fresh `PlanState`."""
-        return run_inits(self.inits, state)
-
-    def for_each(self, fn: Stage | Callable[[Any], Any]) -> Flow:
-        upstream = self.pull
-        if isinstance(fn, Stage):
-
-            def pull(state):
-                return fn(*upstream(state))
-
-        else:
-
-            def pull(state):
-                state, item = upstream(state)
-                return state, fn(item)
-
-        return Flow(self.workers, pull, self.inits)
-
-    def combine(self, op: Combinator) -> Flow:
-        return Flow(self.workers, op.combine(self.pull), self.inits)
-
+"""A flow so far: `PlanState -> (PlanState, item)`, pure and traced into the step."""
 
 Result = dict[str, Any]
 """One training iteration's metrics as a nested dict pytree (device arrays inside `step`)."""
+
+
+class Stage:
+    """Base class of plan stages (see the module docstring for the contract).
+
+    Subclasses override `apply`, and `init` (plus `partition_spec` if any of the state is
+    split across devices, and `metrics` to report it) when they keep state. A stage without
+    state returns `None` from `init` and gets `None` in `apply`. `name` is the key of the
+    state in `PlanState.stages` (default: the class name in snake_case; a second stage of the
+    same name in one plan gets a numbered suffix).
+    """
+
+    name: str | None = None
+
+    def init(self, state: PlanState) -> tuple[PlanState, Any]:
+        """The stage's fresh state (`None`: stateless); may also advance the core state."""
+        return state, None
+
+    def apply(self, state: PlanState, stage_state: Any, item: Any) -> tuple[PlanState, Any, Any]:
+        """One pass of the flow through the stage: new core state, own state and item."""
+        raise NotImplementedError
+
+    def partition_spec(self) -> Any:
+        """`PartitionSpec` prefix of the stage state on a mesh; default: replicated."""
+        return P()
+
+    def metrics(self, state: PlanState, stage_state: Any) -> Result:
+        """Entries merged into each iteration's result (nested dicts merge); default: none."""
+        return {}
+
+
+class ItemFunction(Stage):
+    """A plain function of the item as a stateless stage (`flow.for_each(lambda t: t[1])`)."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", None)
+
+    def apply(self, state, stage_state, item):
+        return state, stage_state, self.fn(item)
+
+
+class Combinator(Protocol):
+    """What `Flow.combine` takes: an operator from the upstream pull to a new pull."""
+
+    def combine(self, upstream: Pull) -> Pull: ...
+
+
+class Flow:
+    """A pure dataflow over `PlanState`: `pull(state) -> (state, item)` and its stages."""
+
+    def __init__(self, pull: Pull, stages: tuple[tuple[str, Stage], ...]):
+        self.pull = pull
+        self.stages = stages
+
+    @classmethod
+    def source(cls, stage: Stage) -> Flow:
+        """A flow that starts with `stage` (its `apply` gets `item=None`)."""
+        return cls(lambda state: (state, None), ()).for_each(stage)
+
+    def for_each(self, stage: Stage | Callable[[Any], Any]) -> Flow:
+        """Applies `stage` (or a plain function of the item) to every item of the flow."""
+        if not isinstance(stage, Stage):
+            if not callable(stage):
+                raise TypeError(f"for_each takes a Stage or a function of the item, got {stage!r}")
+            stage = ItemFunction(stage)
+        name = _unique_name(stage, {n for n, _ in self.stages})
+        upstream = self.pull
+
+        def pull(state: PlanState) -> tuple[PlanState, Any]:
+            state, item = upstream(state)
+            own = state.stages.get(name)
+            core, own, item = stage.apply(state.replace(stages={}), own, item)
+            stages = dict(state.stages)
+            if own is not None:
+                stages[name] = own
+            return core.replace(stages=stages), item
+
+        return Flow(pull, (*self.stages, (name, stage)))
+
+    def combine(self, op: Combinator) -> Flow:
+        """`op.combine(upstream pull) -> pull` (e.g. ConcatBatches); the stages stay."""
+        return Flow(op.combine(self.pull), self.stages)
+
+    def init(self, state: PlanState) -> PlanState:
+        """Runs the stages' `init` in flow order on a fresh core state; stores their states."""
+        stages = dict(state.stages)
+        for name, stage in self.stages:
+            core, own = stage.init(state.replace(stages={}))
+            if own is not None:
+                stages[name] = own
+            state = core.replace(stages=stages)
+        return state
+
+
+def _unique_name(stage: Stage, taken: set[str]) -> str:
+    base = stage.name or re.sub(r"(?<!^)(?=[A-Z])", "_", type(stage).__name__).lower()
+    base = re.sub(r"\W", "_", base) or "stage"
+    name, n = base, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    return name
+
+
+def merge_results(result: Result, extra: Mapping[str, Any]) -> Result:
+    """`result` with `extra`'s entries added, nested dicts merged key by key."""
+    out = dict(result)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_results(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 class Plan:
     """A compiled execution plan: `init(key) -> PlanState`, `step(state) -> (state, Result)`.
 
     Both are pure; `jax.jit(plan.step)` is one training iteration. `report(result)` turns a
-    device result into RLlib's nested result dict of Python numbers and runs the host stages.
+    device result into RLlib's nested result dict of Python numbers and runs the host hooks.
+    `finish(start, state, item) -> (state, result)` builds the result from the state at the
+    start of the step, the state after the flow and its last item (StandardMetricsReporting's).
     """
 
     def __init__(
         self,
         workers: WorkerSet,
-        pull: Pull,
+        flow: Flow,
+        finish: Callable[[PlanState, PlanState, Any], tuple[PlanState, Result]],
         to_host: Callable[[Result], dict],
-        host_stages: tuple[Callable[[dict], Any], ...] = (),
-        inits: tuple[Init, ...] = (),
+        hooks: tuple[Callable[[dict], Any], ...] = (),
     ):
         self.workers = workers
-        self._pull = pull
+        self.flow = flow
+        self._finish = finish
         self._to_host = to_host
-        self.host_stages = host_stages
-        self.inits = tuple(inits)
+        self.hooks = hooks
 
     def init(self, key: jax.Array, hparams: dict[str, Any] | None = None) -> PlanState:
-        """Fresh `PlanState` (with the stages' own state), laid out on the workers' mesh if
-        there is one."""
-        return self.workers.place(run_inits(self.inits, self.workers.init(key, hparams)))
+        """Fresh `PlanState` with every stage's own state, laid out on the workers' mesh if
+        there is one. `hparams`: see `WorkerSet.init`."""
+        state = self.flow.init(self.workers.init(key, hparams))
+        return self.workers.place(state, self.state_specs(state))
+
+    def state_specs(self, state: PlanState) -> PlanState:
+        """`PartitionSpec` prefix of `state` on the mesh: the core's and each stage's."""
+        return self.workers.state_specs(
+            {
+                name: stage.partition_spec()
+                for name, stage in self.flow.stages
+                if name in state.stages
+            }
+        )
+
+    def _pull(self, start: PlanState) -> tuple[PlanState, Result]:
+        state, item = self.flow.pull(start)
+        state, result = self._finish(start, state, item)
+        for name, stage in self.flow.stages:
+            own = state.stages.get(name)
+            result = merge_results(result, stage.metrics(state.replace(stages={}), own))
+        return state, result
 
     def step(self, state: PlanState) -> tuple[PlanState, Result]:
         """One training iteration. On a mesh the stages run inside `jax.shard_map` over its
         devices (actor groups split, the rest replicated; the result is replicated)."""
-        workers = self.workers
-        if workers.mesh is None:
+        if self.workers.mesh is None:
             return self._pull(state)
-        specs = workers.state_specs()
+        specs = self.state_specs(state)
         return jax.shard_map(
-            self._pull, mesh=workers.mesh, in_specs=(specs,), out_specs=(specs, P())
+            self._pull, mesh=self.workers.mesh, in_specs=(specs,), out_specs=(specs, P())
         )(state)
 
-    def for_each(self, fn: Callable[[dict], Any]) -> Plan:
-        """Adds a host-side function of each result (its return value, if not None, replaces it)."""
-        return Plan(self.workers, self._pull, self._to_host, (*self.host_stages, fn), self.inits)
+    def on_result(self, fn: Callable[[dict], Any]) -> Plan:
+        """Adds a host-side hook on each reported result (its return value, if not None,
+        replaces the result); it runs in `report`, never inside the compiled step."""
+        return Plan(self.workers, self.flow, self._finish, self._to_host, (*self.hooks, fn))
 
     def report(self, result: Result) -> dict:
-        """Host side: one device result -> RLlib-style dict, after the host stages."""
+        """Host side: one device result -> RLlib-style dict, after the host hooks."""
         out = self._to_host(jax.device_get(result))
-        for fn in self.host_stages:
+        for fn in self.hooks:
             new = fn(out)
             out = out if new is None else new
         return out

@@ -22,7 +22,11 @@ class RandomPolicy:
     """
 
     def __init__(
-        self, obs_shape: tuple[int, ...], action_space: ActionSpace, normalize_actions: bool = True
+        self,
+        obs_shape: tuple[int, ...],
+        action_space: ActionSpace,
+        *,
+        normalize_actions: bool = True,
     ):
         if not isinstance(action_space, Discrete | Box):
             raise TypeError(f"RandomPolicy supports Discrete and Box spaces, got {action_space}")

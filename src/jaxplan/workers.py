@@ -28,22 +28,12 @@ class ActorState:
     """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`:
     `obs` is `{agent_id: [groups, envs, *obs_shape]}`, `episode_return` is per agent
     `[groups, envs, num_agents]` (in `WorkerSet.agents` order), `episode_length` `[groups, envs]`.
-
-    Async rollouts (staggered actor groups) also keep, per group (leading dim `[groups]`):
-    the params each group acts with and their version, the fragment being collected (per
-    policy, `[groups, rollout_fragment_length, envs, agents of the policy, ...]`) and how many
-    of its steps are filled.
-    They are None with bulk-synchronous rollouts, where every group acts with the newest params.
     """
 
     env_state: Any
     obs: dict[str, jax.Array]
     episode_return: jax.Array
     episode_length: jax.Array
-    params: Any = None  # {policy_id: params}, leaves [groups, ...]
-    version: Any = None  # {policy_id: int32 [groups]}
-    fragment: Any = None  # {policy_id: {field: [groups, T, envs, agents, ...]}}
-    fill: Any = None  # int32 [groups]
 
 
 @struct.dataclass
@@ -96,18 +86,21 @@ class Counters:
 
 @struct.dataclass
 class PlanState:
-    """Everything a plan reads and writes; one explicit pytree."""
+    """Everything a plan reads and writes; one explicit pytree.
+
+    The core (policies, actor groups, episode windows, counters, key) is what every plan has;
+    `stages` holds each stateful stage's own state, keyed by the stage's name in the plan
+    (`jaxplan.flow.Stage`), so no core type grows a field for one stage.
+    """
 
     policies: dict[str, PolicyState]
     actors: ActorState
     episodes: EpisodeWindow
+    # per policy, the window of episode returns of its agents (summed); {} single-agent
+    policy_episodes: dict[str, EpisodeWindow]
     counters: Counters
     key: jax.Array
-    # async rollouts with num_async > 1: {policy_id: (params, version)} of the last
-    # num_async - 1 rounds, oldest first (leading dim [num_async - 1]); None otherwise
-    param_queue: Any = None
-    # multi-agent envs: per policy, the window of episode returns of its agents (summed)
-    policy_episodes: dict[str, EpisodeWindow] | None = None
+    stages: dict[str, Any]
 
 
 class WorkerSet:
@@ -187,29 +180,28 @@ class WorkerSet:
         """Actor groups stepped by each device."""
         return self.num_actor_groups // self.num_shards
 
-    def state_specs(self) -> PlanState:
+    def state_specs(self, stage_specs: Mapping[str, Any] | None = None) -> PlanState:
         """`PartitionSpec`s of `PlanState` on the mesh, as a pytree prefix: the actor groups are
-        split across the devices, everything else is replicated."""
+        split across the devices, the rest of the core is replicated; `stage_specs` gives each
+        stage state's spec (see `Stage.partition_spec`)."""
         rep = P()
         return PlanState(
             policies=rep,
             actors=P(AXIS),
             episodes=rep,
+            policy_episodes=rep,
             counters=rep,
             key=rep,
-            param_queue=rep,
-            policy_episodes=rep,
+            stages=dict(stage_specs or {}),
         )
 
-    def place(self, state: PlanState) -> PlanState:
-        """`state` laid out on the mesh as `state_specs` says (unchanged without a mesh); works
+    def place(self, state: PlanState, specs: PlanState) -> PlanState:
+        """`state` laid out on the mesh as `specs` says (unchanged without a mesh); works
         eagerly and under `jit`/`vmap`."""
         if self.mesh is None:
             return state
         shardings = jax.tree.map(
-            lambda spec: NamedSharding(self.mesh, spec),
-            self.state_specs(),
-            is_leaf=lambda x: isinstance(x, P),
+            lambda spec: NamedSharding(self.mesh, spec), specs, is_leaf=lambda x: isinstance(x, P)
         )
         return jax.lax.with_sharding_constraint(state, _expand(shardings, state))
 
@@ -230,8 +222,8 @@ class WorkerSet:
         return self._trainable
 
     def init(self, key: jax.Array, hparams: Mapping[str, Any] | None = None) -> PlanState:
-        """Fresh `PlanState`. `hparams` maps policy ids to traced hyper-parameters to use
-        instead of each policy's defaults (for `vmap` over hyper-parameters)."""
+        """Fresh core `PlanState` (no stage state yet). `hparams` maps policy ids to traced
+        hyper-parameters to use instead of each policy's defaults (for `vmap` over them)."""
         hparams = dict(hparams or {})
         key, k_env, *k_pol = jax.random.split(key, 2 + len(self.policies))
         policies = {
@@ -257,8 +249,9 @@ class WorkerSet:
             policy_episodes=(
                 {pid: EpisodeWindow.empty(window) for pid in self.policies}
                 if self.is_multi_agent
-                else None
+                else {}
             ),
+            stages={},
         )
 
     @property

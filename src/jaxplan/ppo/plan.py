@@ -57,8 +57,8 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
                 _fake_gpus=config.fake_gpus,
             )
         )
-    train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL(workers))
-    return StandardMetricsReporting(train_op, workers, config).for_each(
+    train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL())
+    return StandardMetricsReporting(train_op, workers).on_result(
         lambda result: warn_about_bad_reward_scales(config, result)
     )
 

@@ -1,7 +1,7 @@
 """One env step of every local actor group: every agent's action from its policy, the env
 transition, episode bookkeeping.
 
-Shared by the bulk-synchronous and the async (staggered) rollouts. Randomness is drawn per
+Used by both schedules of the rollout stage (`jaxplan.stages.rollouts`). Randomness is drawn per
 actor group and per env from keys split for *all* groups, then sliced to this device's
 groups, so a group's steps do not depend on how many devices the groups are spread over.
 """
@@ -19,7 +19,7 @@ from jaxplan.envs import Box
 from jaxplan.workers import ActorState, WorkerSet
 
 
-def to_env_action(space, actions: jax.Array, normalize_actions: bool) -> jax.Array:
+def to_env_action(space, actions: jax.Array, *, normalize_actions: bool) -> jax.Array:
     """Policy actions -> env actions for `space`. With `normalize_actions`, a Box action is
     clipped to [-1, 1] and mapped affinely onto the space's bounds (RLlib's
     `normalize_actions`); otherwise clipped to the bounds."""
@@ -52,12 +52,13 @@ def step_envs(
     actors: ActorState,
     key: jax.Array,
     axis_name: str | None,
-    params_per_group: bool = False,
+    *,
+    per_group: bool = False,
     active: jax.Array | None = None,
 ) -> tuple[ActorState, dict[str, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]:
     """Steps every env of the local groups once, every agent acting with its policy.
 
-    `params` maps policy ids to their params, or with `params_per_group` to stacks
+    `params` maps policy ids to their params, or with `per_group` to stacks
     `[local groups, ...]` (each group acts with its own snapshot). `active` (`[local groups]`
     bool) freezes the other groups: their env state, observations and episode counters stay.
 
@@ -76,11 +77,13 @@ def step_envs(
         k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
         act_keys = devices.local_slice(jax.random.split(k_pol, groups), axis_name)
         obs = stack_agents(actors.obs, agents)  # [g, e, agents, ...]
-        act = jax.vmap(policy.compute_actions, in_axes=(0 if params_per_group else None, 0, 0))
+        act = jax.vmap(policy.compute_actions, in_axes=(0 if per_group else None, 0, 0))
         pol_actions, extras = act(params[pid], obs, act_keys)
         for j, agent in enumerate(agents):
             space = env.action_spaces[agent]
-            actions[agent] = to_env_action(space, pol_actions[:, :, j], workers.normalize_actions)
+            actions[agent] = to_env_action(
+                space, pol_actions[:, :, j], normalize_actions=workers.normalize_actions
+            )
         transitions[pid] = {sb.OBS: obs, sb.ACTIONS: pol_actions, **extras}
     env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
     obs, env_state, reward, terminated, truncated, final_obs = jax.vmap(jax.vmap(env.step))(

@@ -6,7 +6,7 @@ import math
 
 import jax
 
-from jaxplan.flow import Combinator, Pull
+from jaxplan.flow import Pull
 
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
 
@@ -19,9 +19,10 @@ def num_rounds(min_batch_size: int, round_size: int) -> int:
     return max(1, math.ceil(min_batch_size / round_size))
 
 
-class ConcatBatches(Combinator):
-    """Runs the upstream flow `ceil(min_batch_size / round_size)` times (a `lax.scan`, the count
-    fixed at trace time) and concatenates the batches row-wise per policy.
+class ConcatBatches:
+    """For `Flow.combine`: runs the upstream flow `ceil(min_batch_size / round_size)` times
+    (a `lax.scan`, the count fixed at trace time) and concatenates the batches row-wise per
+    policy.
 
     `count_steps_by="env_steps"` counts each round's `env_steps`; `"agent_steps"` counts the
     (selected) policies' rows.

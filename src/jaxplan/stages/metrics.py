@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxplan import devices
-from jaxplan.batch import MultiAgentBatch
+from jaxplan.batch import LearnerInfo, MultiAgentBatch, TrainOutput
 from jaxplan.counters import Counter, counter_value
 from jaxplan.flow import Flow, Plan, Result
 from jaxplan.workers import EpisodeWindow, PlanState, WorkerSet
@@ -39,30 +38,32 @@ def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
     }
 
 
-def _learner_info(item: Any) -> dict:
-    """The learner info in a flow item: TrainOneStep's `(batch, info)`, UpdateKL's `info`, or
-    nothing for a sample-only flow (a batch)."""
-    if isinstance(item, MultiAgentBatch):
-        return {}
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], dict):
-        return item[1]
-    if isinstance(item, dict):
+def learner_info_of(item: Any) -> LearnerInfo:
+    """The learner info a flow's last item carries: a `TrainOutput`'s, a `LearnerInfo`
+    itself (after `lambda t: t[1]` / UpdateKL), or none for a sample-only flow (a batch)."""
+    if isinstance(item, TrainOutput):
+        return item.learner_info
+    if isinstance(item, LearnerInfo):
         return item
-    raise TypeError(f"StandardMetricsReporting cannot read learner info from {type(item).__name__}")
+    if isinstance(item, MultiAgentBatch):
+        return LearnerInfo({})
+    raise TypeError(
+        f"StandardMetricsReporting reads a TrainOutput, LearnerInfo or MultiAgentBatch as the "
+        f"flow's last item, got {type(item).__name__}"
+    )
 
 
-def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None) -> Plan:  # noqa: N802
+def StandardMetricsReporting(flow: Flow, workers: WorkerSet) -> Plan:  # noqa: N802
     """Ends a flow: each step returns RLlib's per-iteration result.
 
     Device side it builds `episode_reward_mean/min/max`, `episode_len_mean` over the last
     `metrics_smoothing_episodes` completed episodes, `episodes_this_iter`, `timesteps_total`,
-    `agent_timesteps_total`, `training_iteration` and `info` (learner stats and the step
-    counters); `Plan.report` converts it to Python numbers on the host.
+    `timesteps_this_iter`, `agent_timesteps_total`, `training_iteration`, per-policy rewards
+    (multi-agent) and `info` (learner stats, step counters, params versions), plus every
+    stage's `metrics`; `Plan.report` converts it to Python numbers on the host.
     """
 
-    def pull(state: PlanState) -> tuple[PlanState, Result]:
-        sampled_before = state.counters.num_steps_sampled.lo
-        state, item = flow.pull(state)
+    def finish(start: PlanState, state: PlanState, item: Any) -> tuple[PlanState, Result]:
         counters = state.counters.replace(training_iteration=state.counters.training_iteration + 1)
         episodes = state.episodes
         result = {
@@ -71,21 +72,20 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
             "episodes_total": episodes.num_episodes,
             "timesteps_total": counters.num_steps_sampled,
             # uint32 wrap-around makes the difference exact for < 2**32 steps per iteration
-            "timesteps_this_iter": counters.num_steps_sampled.lo - sampled_before,
+            "timesteps_this_iter": counters.num_steps_sampled.lo
+            - start.counters.num_steps_sampled.lo,
             "agent_timesteps_total": counters.num_agent_steps_sampled,
             "training_iteration": counters.training_iteration,
             # per-policy episode returns (RLlib's keys); filled for multi-agent envs
             **_policy_rewards(state),
             "info": {
-                "learner": _learner_info(item),
+                "learner": dict(learner_info_of(item)),
                 "num_steps_sampled": counters.num_steps_sampled,
                 "num_agent_steps_sampled": counters.num_agent_steps_sampled,
                 "num_steps_trained": counters.num_steps_trained,
                 "num_agent_steps_trained": counters.num_agent_steps_trained,
-                # params versions (train steps applied): each policy's, and per actor group the
-                # version it acts with (async: its snapshot; bulk_sync: the newest)
+                # params versions (train steps applied) of each policy
                 "policy_versions": {pid: ps.version for pid, ps in state.policies.items()},
-                "actor_group_versions": _group_versions(workers, state),
             },
         }
         state = state.replace(
@@ -96,26 +96,18 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet, config: Any = None)
         )
         return state, result
 
-    return Plan(workers, pull, result_to_host, inits=flow.inits)
+    return Plan(workers, flow, finish, result_to_host)
 
 
 def _policy_rewards(state: PlanState) -> dict[str, dict[str, jax.Array]]:
     """RLlib's `policy_reward_mean/min/max`: per policy, over its window of episodes, the
     returns summed over the policy's agents (empty for single-agent envs)."""
     out = {"policy_reward_mean": {}, "policy_reward_min": {}, "policy_reward_max": {}}
-    for pid, window in (state.policy_episodes or {}).items():
+    for pid, window in state.policy_episodes.items():
         stats = episode_stats(window)
         for key in out:
             out[key][pid] = stats[key.replace("policy", "episode")]
     return out
-
-
-def _group_versions(workers: WorkerSet, state: PlanState) -> dict[str, jax.Array]:
-    """`{policy_id: int32 [num_actor_groups]}` (all devices' groups, in group order)."""
-    if state.actors.version is None:
-        groups = workers.num_actor_groups
-        return {pid: jnp.full((groups,), ps.version) for pid, ps in state.policies.items()}
-    return devices.gather(state.actors.version, workers.axis_name)
 
 
 def result_to_host(result: Result) -> dict:

@@ -9,14 +9,14 @@ import jax.numpy as jnp
 
 from jaxplan import batch as sb
 from jaxplan import devices
-from jaxplan.batch import MultiAgentBatch, SampleBatch, batch_rows
+from jaxplan.batch import LearnerInfo, MultiAgentBatch, SampleBatch, TrainOutput, batch_rows
 from jaxplan.flow import Stage
 from jaxplan.policy import Policy, PolicyState
 from jaxplan.workers import PlanState, WorkerSet
 
 
 def minibatch_indices(
-    key: jax.Array, num_rows: int, minibatch_size: int, shuffle: bool = True
+    key: jax.Array, num_rows: int, minibatch_size: int, *, shuffle: bool = True
 ) -> jax.Array:
     """`[num_rows // minibatch_size, minibatch_size]` distinct row indices for one epoch: a fresh
     permutation (or the identity without `shuffle`) cut into minibatches; the remainder rows of
@@ -31,9 +31,10 @@ def sgd_epochs(
     pstate: PolicyState,
     batch: SampleBatch,
     key: jax.Array,
+    *,
     num_sgd_iter: int,
     minibatch_size: int,
-    shuffle: bool,
+    shuffle: bool = True,
     axis_name: str | None = None,
 ) -> tuple[PolicyState, dict[str, jax.Array]]:
     """Runs the epochs; returns the new state and each statistic's mean over all minibatches
@@ -58,7 +59,7 @@ def sgd_epochs(
     def epoch(ps, k):
         # one gather per epoch into [num_minibatches, minibatch_size, ...], then the scan
         # slices it: cheaper than a gather per minibatch, notably under vmap over seeds
-        idx = minibatch_indices(k, num_rows, minibatch_size, shuffle)
+        idx = minibatch_indices(k, num_rows, minibatch_size, shuffle=shuffle)
         idx = devices.local_slice(idx, axis_name, axis=1)  # this device's part of each one
         return jax.lax.scan(minibatch_step, ps, jax.tree.map(lambda x: x[idx], batch))
 
@@ -67,44 +68,50 @@ def sgd_epochs(
 
 
 class TrainOneStep(Stage):
-    """`MultiAgentBatch -> (batch, learner_info)` where `learner_info[pid]["learner_stats"]`
-    holds the loss statistics averaged over every minibatch of every epoch.
+    """`MultiAgentBatch -> TrainOutput(batch, learner_info)`: per policy in the batch,
+    `num_sgd_iter` epochs of minibatch SGD; `learner_info[pid]["learner_stats"]` holds the
+    loss statistics averaged over every minibatch of every epoch (plus the policy lag).
 
     `sgd_minibatch_size=0` trains on the whole batch as one minibatch (RLlib's simple path).
-    A batch split across devices is gathered first and every device computes the whole update
-    (RLlib's `simple_optimizer`: rollouts spread out, SGD on one learner); use
-    `MultiGPUTrainOneStep` to split the SGD work too.
+    On a mesh the batch arrives split across the devices and is gathered first. Without
+    `data_parallel` every device computes the whole update (RLlib's `simple_optimizer`:
+    rollouts spread out, SGD on one learner); with it (`MultiGPUTrainOneStep`) every
+    minibatch is split `N` ways, each device computes the gradient of its slice, and gradients
+    and statistics are averaged across devices (and hosts) before one optimizer step on the
+    replicated params: the update one device would compute, up to float rounding.
     """
-
-    data_parallel = False
 
     def __init__(
         self,
         workers: WorkerSet,
+        *,
         num_sgd_iter: int = 1,
         sgd_minibatch_size: int = 0,
         shuffle_sequences: bool = True,
+        data_parallel: bool = False,
     ):
         if num_sgd_iter < 1:
             raise ValueError(f"num_sgd_iter must be >= 1, got {num_sgd_iter}")
         if sgd_minibatch_size < 0:
             raise ValueError(f"sgd_minibatch_size must be >= 0, got {sgd_minibatch_size}")
+        n = workers.num_shards
+        if data_parallel and sgd_minibatch_size % n:  # the whole batch (0) always splits
+            raise ValueError(
+                f"sgd_minibatch_size ({sgd_minibatch_size}) does not split evenly across {n} "
+                f"devices; use a multiple of {n}"
+            )
         self.workers = workers
         self.num_sgd_iter = num_sgd_iter
         self.sgd_minibatch_size = sgd_minibatch_size
         self.shuffle_sequences = shuffle_sequences
+        self.data_parallel = data_parallel
         self._warned: set[tuple[int, int]] = set()
 
-    def _minibatch_size(self, num_rows: int, num_shards: int) -> int:
+    def _minibatch_size(self, num_rows: int) -> int:
         size = self.sgd_minibatch_size or num_rows
         if size > num_rows:
             raise ValueError(
                 f"sgd_minibatch_size ({size}) is larger than the train batch ({num_rows} rows)"
-            )
-        if self.data_parallel and size % num_shards:
-            raise ValueError(
-                f"sgd_minibatch_size ({size}) does not split evenly across {num_shards} devices; "
-                f"use a multiple of {num_shards}"
             )
         if num_rows % size and (num_rows, size) not in self._warned:
             self._warned.add((num_rows, size))
@@ -115,7 +122,7 @@ class TrainOneStep(Stage):
             )
         return size
 
-    def __call__(self, state: PlanState, batch: MultiAgentBatch):
+    def apply(self, state: PlanState, stage_state: None, batch: MultiAgentBatch):
         key, k_sgd = jax.random.split(state.key)
         policies = dict(state.policies)
         learner_info = {}
@@ -126,15 +133,14 @@ class TrainOneStep(Stage):
             strict=True,
         ):
             pb = devices.gather(pb, batch.shard_axis)  # the whole train batch on every device
-            size = self._minibatch_size(batch_rows(pb), batch.num_shards)
             policies[pid], stats = sgd_epochs(
                 self.workers.policies[pid],
                 policies[pid],
                 pb,
                 k,
-                self.num_sgd_iter,
-                size,
-                self.shuffle_sequences,
+                num_sgd_iter=self.num_sgd_iter,
+                minibatch_size=self._minibatch_size(batch_rows(pb)),
+                shuffle=self.shuffle_sequences,
                 axis_name=axis,
             )
             info = {"learner_stats": stats}
@@ -153,47 +159,38 @@ class TrainOneStep(Stage):
             ),
             key=key,
         )
-        return state, (batch, learner_info)
+        return state, stage_state, TrainOutput(batch, LearnerInfo(learner_info))
 
 
-class MultiGPUTrainOneStep(TrainOneStep):
-    """Data-parallel `TrainOneStep` (RLlib's name; `DataParallelTrainOneStep` is the same).
-
-    On a plan whose `WorkerSet` has a mesh, the train batch arrives split across the devices;
-    it is gathered, every minibatch is split `N` ways, each device computes the gradient of its
-    slice, and gradients and learner statistics are averaged across devices (and hosts) before
-    one optimizer step on the replicated params, so `N` devices compute the update one device
-    would. Without a mesh it is `TrainOneStep`.
-
-    `num_gpus` and `_fake_gpus` are accepted for RLlib compatibility; the devices are the
-    WorkerSet's mesh (`build_workers` makes it from `config.num_devices`/`num_gpus` and
-    `_fake_gpus`), and a `num_gpus` that disagrees with it is an error.
-    """
-
-    data_parallel = True
-
-    def __init__(
-        self,
-        workers: WorkerSet,
-        sgd_minibatch_size: int = 0,
-        num_sgd_iter: int = 1,
-        num_gpus: int | None = None,
-        shuffle_sequences: bool = True,
-        _fake_gpus: bool = False,  # noqa: PT019 - RLlib's keyword
-    ):
-        super().__init__(workers, num_sgd_iter, sgd_minibatch_size, shuffle_sequences)
-        mesh_size = 0 if workers.mesh is None else workers.mesh.size
-        if num_gpus not in (None, -1) and max(num_gpus, 1) != max(mesh_size, 1):
-            raise ValueError(
-                f"MultiGPUTrainOneStep(num_gpus={num_gpus}) but the WorkerSet's mesh has "
-                f"{mesh_size or 'no'} device(s); build the workers with num_devices={num_gpus}"
-            )
-        n = workers.num_shards
-        if sgd_minibatch_size and sgd_minibatch_size % n:
-            raise ValueError(
-                f"sgd_minibatch_size ({sgd_minibatch_size}) does not split evenly across {n} "
-                f"devices; use a multiple of {n}"
-            )
-
-
-DataParallelTrainOneStep = MultiGPUTrainOneStep
+def MultiGPUTrainOneStep(  # noqa: N802 - RLlib's name
+    workers: WorkerSet,
+    *,
+    sgd_minibatch_size: int = 0,
+    num_sgd_iter: int = 1,
+    num_gpus: int | None = None,
+    shuffle_sequences: bool = True,
+    _fake_gpus: bool = False,
+) -> TrainOneStep:
+    """RLlib's data-parallel `TrainOneStep` (`data_parallel=True`; without a mesh it is
+    `TrainOneStep`). The devices are the WorkerSet's mesh (`build_workers` makes it from
+    `num_devices`/`num_gpus` and `_fake_gpus`); RLlib's `num_gpus` and `_fake_gpus` are
+    checked against it."""
+    mesh = workers.mesh
+    mesh_size = 0 if mesh is None else mesh.size
+    if num_gpus not in (None, -1) and max(num_gpus, 1) != max(mesh_size, 1):
+        raise ValueError(
+            f"MultiGPUTrainOneStep(num_gpus={num_gpus}) but the WorkerSet's mesh has "
+            f"{mesh_size or 'no'} device(s); build the workers with num_devices={num_gpus}"
+        )
+    if _fake_gpus and mesh is not None and mesh.devices.flat[0].platform != "cpu":
+        raise ValueError(
+            "MultiGPUTrainOneStep(_fake_gpus=True) but the WorkerSet's mesh is of "
+            f"{mesh.devices.flat[0].platform} devices; build the workers with _fake_gpus=True"
+        )
+    return TrainOneStep(
+        workers,
+        num_sgd_iter=num_sgd_iter,
+        sgd_minibatch_size=sgd_minibatch_size,
+        shuffle_sequences=shuffle_sequences,
+        data_parallel=True,
+    )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxplan.batch import LearnerInfo
 from jaxplan.flow import Stage
-from jaxplan.workers import PlanState, WorkerSet
+from jaxplan.workers import PlanState
 
 
 def update_kl_coeff(kl_coeff: jax.Array, kl: jax.Array, kl_target: jax.Array) -> jax.Array:
@@ -19,12 +20,10 @@ def update_kl_coeff(kl_coeff: jax.Array, kl: jax.Array, kl_target: jax.Array) ->
 
 
 class UpdateKL(Stage):
-    """`learner_info -> learner_info`; updates `kl_coeff` of every policy with learner stats."""
+    """`LearnerInfo -> LearnerInfo`; updates `kl_coeff` of every policy with learner stats
+    (RLlib's `UpdateKL(workers)`: the coefficient is plan state here, so no workers)."""
 
-    def __init__(self, workers: WorkerSet):
-        self.workers = workers
-
-    def __call__(self, state: PlanState, learner_info: dict) -> tuple[PlanState, dict]:
+    def apply(self, state: PlanState, stage_state: None, learner_info: LearnerInfo):
         policies = dict(state.policies)
         for pid, info in learner_info.items():
             ps = policies[pid]
@@ -32,4 +31,4 @@ class UpdateKL(Stage):
             policies[pid] = ps.replace(
                 kl_coeff=update_kl_coeff(ps.kl_coeff, kl, ps.hparams.kl_target)
             )
-        return state.replace(policies=policies), learner_info
+        return state.replace(policies=policies), stage_state, learner_info
