@@ -1,5 +1,6 @@
-"""Checkpoints of replicated plan state (policies, counters) as msgpack files, written
-atomically so an interrupted save never leaves a half-written file in place of a good one."""
+"""Pytrees of host arrays as msgpack files, written atomically so an interrupted save never
+leaves a half-written file in place of a good one (`jaxplan.results` keeps a run's whole state
+this way)."""
 
 from __future__ import annotations
 

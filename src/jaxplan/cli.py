@@ -2,7 +2,8 @@
 
 Every iteration's full result goes to `OUTPUT/result.jsonl` (one JSON object per line, RLlib's
 keys, plus `seed`); the resolved config to `OUTPUT/params.json`. An existing `result.jsonl` is
-kept, renamed to `result.N.jsonl`. Bad flags and config values are one-line errors (exit 2).
+kept, renamed to `result.N.jsonl`; `--resume DIR` continues the run in DIR from its checkpoint.
+Bad flags and config values are one-line errors (exit 2).
 The training loop and the files are `jaxplan.runner.Runner`'s; this module parses and prints.
 """
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train an algorithm on a gymnax env")
     train.add_argument("algorithm", choices=ALGORITHMS)
-    train.add_argument("--env", default="CartPole-v1", help="gymnax env id (default CartPole-v1)")
+    train.add_argument("--env", default=None, help="gymnax env id (default CartPole-v1)")
     train.add_argument(
         "--stop-timesteps",
         type=int,
@@ -48,9 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop once episode_reward_mean reaches this (each seed on its own)",
     )
     train.add_argument("--stop-iters", type=int, default=None, help="stop after N iterations")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=None, help="first seed (default 0)")
     train.add_argument(
-        "--num-seeds", type=int, default=1, help="train seeds seed..seed+N-1 in one vmapped program"
+        "--num-seeds",
+        type=int,
+        default=None,
+        help="train seeds seed..seed+N-1 in one vmapped program (default 1)",
     )
     train.add_argument(
         "--config",
@@ -66,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from RLlib's defaults instead of the env's tuned preset",
     )
     train.add_argument("--output", type=Path, default=None, help="write result.jsonl here")
+    train.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="continue the run whose --output was DIR from its checkpoint (its config and "
+        "seeds; new stop flags), appending to its result.jsonl",
+    )
     train.add_argument(
         "--report-every",
         type=int,
@@ -176,8 +188,10 @@ def _check_args(args) -> None:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.stop_reward is not None and not math.isfinite(args.stop_reward):
         raise UsageError(f"--stop-reward must be finite, got {args.stop_reward}")
-    if args.seed < 0:
+    if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.resume is not None and args.output not in (None, args.resume):
+        raise UsageError(f"--resume {args.resume} writes to that folder; drop --output")
 
 
 def _train(args) -> int:
@@ -192,10 +206,16 @@ def _train(args) -> int:
     settings = distributed.resolve_settings(
         args.coordinator_address, args.num_processes, args.process_id
     )
-    if args.no_preset:
-        config = PPOConfig().updated({**overrides, "env": args.env})
+    saved = _saved_params(args.resume) if args.resume else None
+    if saved is not None:  # the run's own config; flags that change it are refused on resume
+        config = PPOConfig.from_dict(saved["config"]).updated(
+            {**overrides, **({"env": args.env} if args.env else {})}
+        )
+        args.output = args.resume
+    elif args.no_preset:
+        config = PPOConfig().updated({**overrides, "env": args.env or "CartPole-v1"})
     else:
-        config = preset_config(args.env, overrides)
+        config = preset_config(args.env or "CartPole-v1", overrides)
     if args.stop_timesteps is None and args.stop_iters is None and args.stop_reward is None:
         args.stop_timesteps = 1_000_000
 
@@ -218,10 +238,23 @@ def _train(args) -> int:
         timesteps_total=args.stop_timesteps,
         training_iteration=args.stop_iters,
     )
-    seeds = list(range(args.seed, args.seed + args.num_seeds))
+    if saved is not None and args.seed is None and args.num_seeds is None:
+        seeds = list(saved["seeds"])
+    else:
+        first = 0 if args.seed is None else args.seed
+        seeds = list(range(first, first + (args.num_seeds or 1)))
     params = {"algorithm": "PPO", "seeds": seeds, "config": config.to_dict()}
     try:
-        runner = Runner(plan, seeds, stop, args.report_every, args.output, params, writes)
+        runner = Runner(
+            plan,
+            seeds,
+            stop,
+            args.report_every,
+            args.output,
+            params,
+            writes,
+            resume=args.resume is not None,
+        )
     except OSError as e:
         raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
     say = print if writes else _silent
@@ -251,6 +284,18 @@ def _train(args) -> int:
             f"final policies in {runner.writer.checkpoint_path}"
         )
     return 0
+
+
+def _saved_params(directory: Path) -> dict:
+    """The `params.json` of the run in `directory` (its algorithm, seeds and config)."""
+    path = directory / "params.json"
+    try:
+        params = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"--resume {directory}: cannot read {path.name} ({e})") from None
+    if params.get("algorithm") != "PPO" or "config" not in params or "seeds" not in params:
+        raise UsageError(f"--resume {directory}: {path.name} is not a jaxplan PPO run's")
+    return params
 
 
 def _silent(*args, **kwargs) -> None:

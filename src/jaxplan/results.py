@@ -1,7 +1,11 @@
 """Result files of a run: `result.jsonl`, `params.json` and `checkpoint.msgpack` in one folder.
 
 Nothing is overwritten: an existing `result.jsonl` or `checkpoint.msgpack` is kept as
-`result.N.jsonl` / `checkpoint.N.msgpack`. Lines are strict JSON (NaN and inf are `null`).
+`result.N.jsonl` / `checkpoint.N.msgpack` (a resumed run appends to them instead). Lines are
+strict JSON (NaN and inf are `null`). The checkpoint is the whole run state (every `PlanState`
+leaf: policies, actor groups and env states, stage state, episode windows, counters, key; per
+seed), with the run's params and the library version, so a run continues exactly
+(`Runner(..., resume=True)`, `jaxplan train ... --resume DIR`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+from flax import serialization
+
+from jaxplan.checkpoint import save
 
 
 def finite(x: Any) -> Any:
@@ -44,12 +52,15 @@ class ResultWriter:
     atomically per `checkpoint`. Raises `OSError` when the folder cannot be written.
     `kept` lists `(old, new)` paths of files moved out of the way."""
 
-    def __init__(self, directory: str | os.PathLike, params: dict[str, Any]):
+    def __init__(self, directory: str | os.PathLike, params: dict[str, Any], *, resume=False):
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "result.jsonl"
         self.checkpoint_path = directory / "checkpoint.msgpack"
+        self.params = params
         self.kept: list[tuple[Path, Path]] = []
+        if resume:  # append to the run's files; params.json stays as the run wrote it
+            return
+        directory.mkdir(parents=True, exist_ok=True)
         for path in (self.path, self.checkpoint_path):
             kept = keep_previous(path)
             if kept is not None:
@@ -69,10 +80,42 @@ class ResultWriter:
             os.fsync(f.fileno())
 
     def checkpoint(self, seeds: list[int], state) -> None:
-        """Saves the policies (params, optimizer state, kl_coeff) and counters of `state`."""
-        from jaxplan.checkpoint import save
+        """Saves the whole run state `state` (host arrays, leading seed axis with several
+        seeds) with the seeds, the params and the library version."""
+        from jaxplan import __version__
 
         save(
             self.checkpoint_path,
-            {"seeds": list(seeds), "policies": state.policies, "counters": state.counters},
+            {
+                "jaxplan_version": __version__,
+                "params": json.dumps(finite(self.params), sort_keys=True),
+                "seeds": list(seeds),
+                "state": state,
+            },
         )
+
+
+def read_checkpoint(directory: str | os.PathLike) -> dict[str, Any]:
+    """The raw contents of `directory/checkpoint.msgpack` (`jaxplan_version`, `params` (a
+    dict), `seeds`, `state` as nested dicts of arrays). Raises `ValueError` naming the file
+    when it is missing or not a run checkpoint."""
+    path = Path(directory) / "checkpoint.msgpack"
+    if not path.is_file():
+        raise ValueError(f"cannot resume: no checkpoint at {path}")
+    raw = serialization.msgpack_restore(path.read_bytes())
+    if not isinstance(raw, dict) or not {"jaxplan_version", "params", "state"} <= set(raw):
+        raise ValueError(
+            f"cannot resume from {path}: not a whole-run checkpoint (written by an older "
+            "jaxplan that kept only policies and counters)"
+        )
+    return {**raw, "params": json.loads(raw["params"])}
+
+
+def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
+    """`key: saved -> now` for every leaf where two nested dicts differ."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for key in sorted(set(saved) | set(now), key=str):
+            out += differences(saved.get(key), now.get(key), f"{prefix}{key}.")
+        return out
+    return [] if saved == now else [f"{prefix[:-1]}: {saved!r} -> {now!r}"]

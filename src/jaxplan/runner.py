@@ -17,6 +17,7 @@ for results in runner:                           # one list per chunk: iteration
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,11 +27,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import serialization
+from jax.experimental import multihost_utils
 
 from jaxplan import distributed
 from jaxplan.flow import Plan
-from jaxplan.results import ResultWriter
+from jaxplan.results import ResultWriter, differences, finite, read_checkpoint
 from jaxplan.run import Stop, run_iterations
+
+_DEVICE_KEYS = ("config.num_devices", "config.num_gpus", "config._fake_gpus")
+"""Params a resumed run may change: the run's data do not depend on the device layout."""
 
 
 def enable_compile_cache(directory: str | os.PathLike | None = None) -> None:
@@ -61,6 +67,13 @@ class Runner:
 
     `state` is the latest `PlanState` (leading seed axis when there are several seeds),
     `last` maps each seed to its latest result and `done` lists the seeds that stopped.
+
+    With `resume` (and `output`), the run in `output` continues from its checkpoint (the
+    whole state of every seed) instead of from `plan.init`, appending to its `result.jsonl`:
+    N iterations, then a resumed run, write the rows one longer run writes (wall-clock fields
+    aside). The checkpoint's params (config, seeds) and library version must be this run's;
+    only the device settings may differ. Seeds whose checkpointed state already meets `stop`
+    are done at once. Single-process runs only, for now.
     """
 
     def __init__(
@@ -72,6 +85,7 @@ class Runner:
         output: str | os.PathLike | None = None,
         params: dict[str, Any] | None = None,
         writes: bool | None = None,
+        resume: bool = False,
     ):
         self.plan = plan
         self.seeds = [int(s) for s in seeds]
@@ -79,18 +93,43 @@ class Runner:
             raise ValueError("Runner needs at least one seed")
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
+        if resume and output is None:
+            raise ValueError("resume needs the output folder of the run to continue")
+        if resume and jax.process_count() > 1:
+            raise ValueError("resuming a multi-process run is not supported yet")
         self.stop = stop
         self.chunk = chunk
+        self.output = output
+        self.params = {"seeds": self.seeds} if params is None else params
+        self.resume = resume
         writes = distributed.is_writer() if writes is None else writes
+        self._saved = self._check_checkpoint() if resume else None
         self.writer = None
         if output is not None and writes:
-            self.writer = ResultWriter(output, {"seeds": self.seeds} if params is None else params)
+            self.writer = ResultWriter(output, self.params, resume=resume)
         self.state = None
         self.compile_s: float | None = None
         self.last: dict[int, dict] = {}
         self.done: list[int] = []
         self._chunk_fn = None
         self._elapsed = 0.0
+
+    def _check_checkpoint(self) -> dict:
+        """Reads the checkpoint to resume from and checks, before any compile, that it is
+        this run's: same library version, same params (config, seeds) up to device settings."""
+        from jaxplan import __version__
+
+        raw = read_checkpoint(self.output)
+        if raw["jaxplan_version"] != __version__:
+            raise ValueError(
+                f"cannot resume: the checkpoint was written by jaxplan "
+                f"{raw['jaxplan_version']}, this is {__version__}"
+            )
+        now = json.loads(json.dumps(finite(self.params), sort_keys=True))
+        diff = [d for d in differences(raw["params"], now) if d.split(":")[0] not in _DEVICE_KEYS]
+        if diff:
+            raise ValueError("cannot resume: the checkpoint is of another run; " + "; ".join(diff))
+        return raw
 
     def compile(self) -> Runner:
         """AOT-compiles `init` and one chunk, and initializes the state (once)."""
@@ -120,7 +159,35 @@ class Runner:
             self._chunk_fn = chunk_fn
             self.state = init(keys[0])
         self.compile_s = time.perf_counter() - t0
+        if self.resume:
+            self._restore(init.out_info)
         return self
+
+    def _restore(self, placement) -> None:
+        """Replaces the fresh state by the checkpointed one, laid out as `placement` (the
+        compiled init's outputs)."""
+        try:
+            state = serialization.from_state_dict(
+                jax.device_get(self.state), self._saved.pop("state")
+            )
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"cannot resume: the checkpoint's state does not fit: {e}") from None
+        for path, x, p in zip(
+            *zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True),
+            jax.tree.leaves(placement),
+            strict=True,
+        ):
+            if np.shape(x) != p.shape or np.asarray(x).dtype != p.dtype:
+                raise ValueError(
+                    f"cannot resume: the checkpoint's state{jax.tree_util.keystr(path)} is "
+                    f"{np.asarray(x).dtype}{list(np.shape(x))}, this plan's is "
+                    f"{p.dtype}{list(p.shape)}"
+                )
+        self.state = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), state, placement)
+        if self.stop is not None:  # seeds that already stopped stay stopped
+            met = jax.jit(jax.vmap(self.stop.met) if len(self.seeds) > 1 else self.stop.met)
+            met = np.atleast_1d(np.asarray(met(self.state)))
+            self.done = [seed for seed, m in zip(self.seeds, met, strict=True) if m]
 
     def __iter__(self) -> Iterator[list[dict]]:
         self.compile()
@@ -160,7 +227,13 @@ class Runner:
         self._elapsed += self.chunk * per_iter
         if self.plan.workers.mesh is not None:  # collective: every process, every chunk
             distributed.check_replicated(self.state.policies, "policies")
-        if self.writer is not None:
-            self.writer.write(out)
-            self.writer.checkpoint(self.seeds, self.state)
+        if self.output is not None:  # the whole state on the host (a collective across hosts)
+            state = (
+                multihost_utils.process_allgather(self.state, tiled=True)
+                if jax.process_count() > 1
+                else jax.device_get(self.state)
+            )
+            if self.writer is not None:
+                self.writer.write(out)
+                self.writer.checkpoint(self.seeds, state)
         return out

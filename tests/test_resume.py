@@ -1,0 +1,119 @@
+"""Exact resume: N iterations, then `--resume`, write the rows one N+M run writes.
+
+The checkpoint is the whole run state (env and actor states, stage state such as async
+rollouts' snapshots, episode windows, counters, key; per seed), so the continued run is the
+same computation. Compared: every field of every `result.jsonl` row except the wall-clock ones.
+Cases: 2 seeds vmapped (bulk_sync), async rollouts (stage state), 4 fake devices (in a
+subprocess: `python tests/test_resume.py DIR` runs the three commands there). Refusals: another
+config, other seeds, another library version, a missing checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flax import serialization
+
+from jaxplan import cli
+
+WALL_CLOCK = ("time_this_iter_s", "time_total_s", "num_env_steps_sampled_throughput_per_sec")
+TINY = [
+    "--config",
+    "train_batch_size=128",
+    "--config",
+    "model.fcnet_hiddens=[8]",
+    "--config",
+    "num_sgd_iter=1",
+    "--quiet",
+    "--no-compile-cache",
+    "--report-every",
+    "3",
+]
+
+
+def rows(directory: Path) -> list[dict]:
+    out = []
+    for line in (directory / "result.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        for key in WALL_CLOCK:
+            row.pop(key)
+        out.append(row)
+    return out
+
+
+def run_three(tmp: Path, extra: list[str]) -> tuple[list[dict], list[dict]]:
+    """4 iterations into `tmp/a`, resumed to 7 there; 7 iterations at once into `tmp/b`."""
+    a, b = tmp / "a", tmp / "b"
+    assert cli.main(["train", "ppo", *TINY, *extra, "--stop-iters", "4", "--output", str(a)]) == 0
+    assert cli.main(["train", "ppo", "--resume", str(a), "--stop-iters", "7", *TINY[6:]]) == 0
+    assert cli.main(["train", "ppo", *TINY, *extra, "--stop-iters", "7", "--output", str(b)]) == 0
+    return rows(a), rows(b)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--num-seeds", "2"], ["--config", 'rollout_mode="async"']],
+    ids=["two_seeds", "async"],
+)
+def test_resumed_run_writes_the_rows_of_one_run(tmp_path, extra):
+    resumed, whole = run_three(tmp_path, extra)
+    seeds = 2 if "--num-seeds" in extra else 1
+    assert len(whole) == 7 * seeds
+    assert [r["training_iteration"] for r in resumed] == [r["training_iteration"] for r in whole]
+    assert resumed == whole  # bitwise: floats went through JSON's shortest round-trip repr
+    ckpt = serialization.msgpack_restore((tmp_path / "a" / "checkpoint.msgpack").read_bytes())
+    if "async" in str(extra):  # the async stage's own state was checkpointed and resumed
+        assert "parallel_rollouts" in ckpt["state"]["stages"]
+
+
+def test_resume_on_four_fake_devices(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed, whole = rows(tmp_path / "a"), rows(tmp_path / "b")
+    assert len(whole) == 7 and resumed == whole
+    params = json.loads((tmp_path / "a" / "params.json").read_text())
+    assert params["config"]["num_devices"] == 4
+
+
+def test_resume_refuses_another_run(tmp_path, capsys):
+    a = tmp_path / "a"
+    base = ["train", "ppo", *TINY, "--stop-iters", "1"]
+    assert cli.main([*base, "--output", str(a)]) == 0
+    capsys.readouterr()
+
+    def refused(argv, fragment):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+    resume = ["train", "ppo", "--resume", str(a), "--stop-iters", "2"]
+    refused([*resume, "--config", "lr=0.1"], "config.lr: 0.0025 -> 0.1")
+    refused([*resume, "--seed", "5"], "seeds: [0] -> [5]")
+    refused(["train", "ppo", "--resume", str(tmp_path / "none")], "cannot read params.json")
+    (a / "checkpoint.msgpack").rename(a / "moved.msgpack")
+    refused(resume, "no checkpoint at")
+    (a / "moved.msgpack").rename(a / "checkpoint.msgpack")
+    raw = serialization.msgpack_restore((a / "checkpoint.msgpack").read_bytes())
+    (a / "checkpoint.msgpack").write_bytes(
+        serialization.msgpack_serialize({**raw, "jaxplan_version": "0.0.1"})
+    )
+    refused(resume, "written by jaxplan 0.0.1")
+    assert len(rows(a)) == 1  # nothing was appended by the refused runs
+
+
+if __name__ == "__main__":  # the 4-device case, in a process of its own
+    tmp = Path(sys.argv[1])
+    devices = ["--num-devices", "4", "--config", "sgd_minibatch_size=32"]
+    resumed, whole = run_three(tmp, devices)
