@@ -254,3 +254,21 @@ def _one_iteration(num_devices: int) -> dict:
 
 if __name__ == "__main__":  # the N-device run, in a process of its own
     print(json.dumps(_one_iteration(int(sys.argv[sys.argv.index("--devices") + 1]))))
+
+
+def test_a_stage_that_changes_its_state_shape_is_named_before_compiling():
+    class Growing(jaxplan.Stage):
+        def init(self, state):
+            return state, jnp.zeros(3)
+
+        def apply(self, state, own, batch):
+            return state, jnp.concatenate([own, own]), batch
+
+    config = jaxplan.preset_config("CartPole-v1", SMALL)
+    workers = jaxplan.build_workers(config)
+    plan = jaxplan.StandardMetricsReporting(
+        jaxplan.ParallelRollouts(workers).for_each(Growing()), workers
+    )
+    state = jax.eval_shape(plan.init, jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match=r"stage 'growing': apply must return its state"):
+        jax.eval_shape(plan.step, state)

@@ -107,10 +107,11 @@ class Flow:
         def pull(state: PlanState) -> tuple[PlanState, Any]:
             state, item = upstream(state)
             own = state.stages.get(name)
-            core, own, item = stage.apply(state.replace(stages={}), own, item)
+            core, new, item = stage.apply(state.replace(stages={}), own, item)
+            _check_same_kind(name, own, new)
             stages = dict(state.stages)
-            if own is not None:
-                stages[name] = own
+            if new is not None:
+                stages[name] = new
             return core.replace(stages=stages), item
 
         return Flow(pull, (*self.stages, (name, stage)))
@@ -128,6 +129,20 @@ class Flow:
                 stages[name] = own
             state = core.replace(stages=stages)
         return state
+
+
+def _check_same_kind(name: str, before: Any, after: Any) -> None:
+    """At trace time: a stage's `apply` must return its state with the structure, shapes and
+    dtypes it got (the state is a `scan` carry); a clear error names the stage otherwise."""
+    kinds = [
+        jax.tree.map(lambda x: (jax.numpy.shape(x), jax.numpy.result_type(x)), s)
+        for s in (before, after)
+    ]
+    if jax.tree.structure(before) != jax.tree.structure(after) or kinds[0] != kinds[1]:
+        raise TypeError(
+            f"stage {name!r}: apply must return its state as init made it (structure, shapes "
+            f"and dtypes); got {kinds[1]} for {kinds[0]}"
+        )
 
 
 def _unique_name(stage: Stage, taken: set[str]) -> str:
