@@ -36,10 +36,12 @@ TINY = [
 ]
 
 
-def rows(directory: Path) -> list[dict]:
+def rows(directory: Path, wall_clock: list | None = None) -> list[dict]:
     out = []
     for line in (directory / "result.jsonl").read_text().splitlines():
         row = json.loads(line)
+        if wall_clock is not None:
+            wall_clock.append(row["time_total_s"])
         for key in WALL_CLOCK:
             row.pop(key)
         out.append(row)
@@ -63,6 +65,9 @@ def run_three(tmp: Path, extra: list[str]) -> tuple[list[dict], list[dict]]:
 def test_resumed_run_writes_the_rows_of_one_run(tmp_path, extra):
     resumed, whole = run_three(tmp_path, extra)
     seeds = 2 if "--num-seeds" in extra else 1
+    times: list[float] = []
+    rows(tmp_path / "a", times)
+    assert times == sorted(times) and times[-1] > times[4 * seeds - 1]  # goes on after resume
     assert len(whole) == 7 * seeds
     assert [r["training_iteration"] for r in resumed] == [r["training_iteration"] for r in whole]
     assert resumed == whole  # bitwise: floats went through JSON's shortest round-trip repr

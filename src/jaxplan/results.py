@@ -79,9 +79,10 @@ class ResultWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def checkpoint(self, seeds: list[int], state) -> None:
+    def checkpoint(self, seeds: list[int], state, elapsed_s: float = 0.0) -> None:
         """Saves the whole run state `state` (host arrays, leading seed axis with several
-        seeds) with the seeds, the params and the library version."""
+        seeds) with the seeds, the params, the library version and the training seconds so
+        far (`time_total_s` goes on from them after a resume)."""
         from jaxplan import __version__
 
         save(
@@ -90,6 +91,7 @@ class ResultWriter:
                 "jaxplan_version": __version__,
                 "params": json.dumps(finite(self.params), sort_keys=True),
                 "seeds": list(seeds),
+                "elapsed_s": float(elapsed_s),
                 "state": state,
             },
         )

@@ -184,6 +184,7 @@ class Runner:
                     f"{p.dtype}{list(p.shape)}"
                 )
         self.state = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), state, placement)
+        self._elapsed = float(self._saved.get("elapsed_s", 0.0))
         if self.stop is not None:  # seeds that already stopped stay stopped
             met = jax.jit(jax.vmap(self.stop.met) if len(self.seeds) > 1 else self.stop.met)
             met = np.atleast_1d(np.asarray(met(self.state)))
@@ -235,5 +236,5 @@ class Runner:
             )
             if self.writer is not None:
                 self.writer.write(out)
-                self.writer.checkpoint(self.seeds, state)
+                self.writer.checkpoint(self.seeds, state, self._elapsed)
         return out
