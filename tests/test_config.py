@@ -130,6 +130,8 @@ def test_field_natures_derive_per_policy_keys_and_hparams():
     assert set(PER_POLICY_KEYS) - traced_keys == {
         "kl_coeff",
         "grad_clip",
+        "lr_schedule",
+        "entropy_coeff_schedule",
         "model",
         "vtrace",
         "vtrace_clip_rho_threshold",

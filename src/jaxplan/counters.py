@@ -37,6 +37,10 @@ class Counter:
         hi, lo = jnp.uint32(n >> 32), jnp.uint32(n & 0xFFFFFFFF)
         return (self.hi > hi) | ((self.hi == hi) & (self.lo >= lo))
 
+    def to_float(self) -> jnp.ndarray:
+        """The count as float32 (exact below 2**24; for schedules, not for counting)."""
+        return self.hi.astype(jnp.float32) * 4294967296.0 + self.lo.astype(jnp.float32)
+
 
 def counter_value(counter: Counter) -> np.ndarray | int:
     """Host side: the exact count as a Python int (an int64 array for stacked counters)."""

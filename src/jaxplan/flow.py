@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxplan.workers import PlanState, WorkerSet
@@ -134,10 +135,7 @@ class Flow:
 def _check_same_kind(name: str, before: Any, after: Any) -> None:
     """At trace time: a stage's `apply` must return its state with the structure, shapes and
     dtypes it got (the state is a `scan` carry); a clear error names the stage otherwise."""
-    kinds = [
-        jax.tree.map(lambda x: (jax.numpy.shape(x), jax.numpy.result_type(x)), s)
-        for s in (before, after)
-    ]
+    kinds = [jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), s) for s in (before, after)]
     if jax.tree.structure(before) != jax.tree.structure(after) or kinds[0] != kinds[1]:
         raise TypeError(
             f"stage {name!r}: apply must return its state as init made it (structure, shapes "

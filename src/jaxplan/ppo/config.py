@@ -57,6 +57,10 @@ def fields_of(cls: type, *natures: str) -> tuple[str, ...]:
     )
 
 
+Schedule = tuple[tuple[float, float], ...]
+"""RLlib's schedule: `[[timestep, value], ...]` with non-decreasing timesteps."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     fcnet_hiddens: tuple[int, ...] = (256, 256)
@@ -101,6 +105,10 @@ class PPOConfig:
     vf_clip_param: float = traced(10.0)
     vf_loss_coeff: float = traced(1.0)
     entropy_coeff: float = traced(0.0)
+    # RLlib's schedules, [[timestep, value], ...]: piecewise linear in the env steps sampled
+    # before the iteration, the last value outside the points; they override lr / entropy_coeff
+    lr_schedule: Schedule | None = per_policy(None)
+    entropy_coeff_schedule: Schedule | None = per_policy(None)
     grad_clip: float | None = per_policy(None)
     normalize_actions: bool = True
     metrics_smoothing_episodes: int = 100
@@ -196,6 +204,22 @@ class PPOConfig:
         check(self.vf_clip_param > 0, "vf_clip_param", "must be > 0")
         check(self.vf_loss_coeff >= 0, "vf_loss_coeff", "must be >= 0")
         check(self.entropy_coeff >= 0, "entropy_coeff", "must be >= 0")
+        for key, low in (("lr_schedule", 0.0), ("entropy_coeff_schedule", None)):
+            points = getattr(self, key)
+            if points is None:
+                continue
+            steps = [t for t, _ in points]
+            check(len(points) >= 1, key, "must hold at least one [timestep, value] point")
+            check(
+                steps[0] >= 0 and all(a <= b for a, b in zip(steps, steps[1:], strict=False)),
+                key,
+                "timesteps must be >= 0 and non-decreasing",
+            )
+            check(
+                all(v > low if low is not None else v >= 0 for _, v in points),
+                key,
+                "values must be > 0" if low is not None else "values must be >= 0",
+            )
         check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", "must be > 0 or None")
         check(
             len(self.model.fcnet_hiddens) >= 1 and all(h >= 1 for h in self.model.fcnet_hiddens),
@@ -370,6 +394,21 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
 
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+
+
+def _plural(tp: Any) -> str:
+    """What a list of type `tp` (`tuple[X, ...]` or `tuple[X, Y]`) holds, for messages."""
+    args = typing.get_args(tp)
+    if args[-1] is Ellipsis:
+        inner = args[0]
+        return (
+            _PLURAL[inner]
+            if inner in _PLURAL
+            else _plural(inner).replace("2 numbers", "[number, number] pairs")
+        )
+    return f"{len(args)} {_PLURAL[args[0]]}"
+
+
 _ACCEPTS = {bool: bool, int: int, float: int | float, str: str}
 
 
@@ -384,13 +423,16 @@ def _coerce(value: Any, tp: Any) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(value, inner)
     if origin is tuple:
-        inner = args[0]
+        expected = f"a list of {_plural(tp)}"
         if not isinstance(value, list | tuple):
-            raise TypeError(f"a list of {_PLURAL[inner]}")
+            raise TypeError(expected)
+        inner = args[:1] * len(value) if args[-1] is Ellipsis else args
+        if len(inner) != len(value):
+            raise TypeError(expected)
         try:
-            return tuple(_coerce(v, inner) for v in value)
+            return tuple(_coerce(v, t) for v, t in zip(value, inner, strict=True))
         except TypeError:
-            raise TypeError(f"a list of {_PLURAL[inner]}") from None
+            raise TypeError(expected) from None
     if origin is Mapping:
         if not isinstance(value, Mapping):
             raise TypeError("a dict")

@@ -11,6 +11,7 @@ from jaxplan.multi_agent import as_multi_agent, make_env
 from jaxplan.ppo.config import PPOConfig, preset_config
 from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.stages import (
+    ApplySchedules,
     ConcatBatches,
     MultiGPUTrainOneStep,
     ParallelRollouts,
@@ -37,6 +38,9 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
         )
     )
     rollouts = rollouts.for_each(StandardizeFields(["advantages"]))
+    schedules = _schedules(config)
+    if schedules:  # RLlib applies them inside its policies; here they are a stage
+        rollouts = rollouts.for_each(ApplySchedules(schedules))
     if config.simple_optimizer:
         train_op = rollouts.for_each(
             TrainOneStep(
@@ -61,6 +65,22 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
     return StandardMetricsReporting(train_op, workers).on_result(
         lambda result: warn_about_bad_reward_scales(config, result)
     )
+
+
+def _schedules(config: PPOConfig) -> dict[str, dict[str, tuple]]:
+    """Per policy, its `lr_schedule` / `entropy_coeff_schedule` (a `multiagent.policies`
+    override, else the config's) by hyper-parameter name."""
+    out = {}
+    for pid in config.policy_ids:
+        overrides = config.multiagent.policies.get(pid) or {}
+        named = {
+            name: overrides.get(f"{name}_schedule", getattr(config, f"{name}_schedule"))
+            for name in ("lr", "entropy_coeff")
+        }
+        named = {name: points for name, points in named.items() if points is not None}
+        if named:
+            out[pid] = named
+    return out
 
 
 def build_workers(config: PPOConfig) -> WorkerSet:

@@ -1,5 +1,6 @@
 """Execution-plan stages, one module each, named as in RLlib."""
 
+from jaxplan.stages.apply_schedules import ApplySchedules
 from jaxplan.stages.concat_batches import ConcatBatches
 from jaxplan.stages.metrics import StandardMetricsReporting, warn_about_bad_reward_scales
 from jaxplan.stages.rollouts import ParallelRollouts, Rollouts
@@ -9,6 +10,7 @@ from jaxplan.stages.train_one_step import MultiGPUTrainOneStep, TrainOneStep
 from jaxplan.stages.update_kl import UpdateKL
 
 __all__ = [
+    "ApplySchedules",
     "ConcatBatches",
     "MultiGPUTrainOneStep",
     "ParallelRollouts",
