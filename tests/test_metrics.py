@@ -46,7 +46,7 @@ def test_vf_loss_rule_only_with_shared_layers():
         assert any("value function loss" in str(w.message) for w in caught) == warns
 
 
-def test_report_converts_to_python_and_runs_host_stages():
+def test_report_converts_to_python_and_runs_host_hooks():
     plan = jaxplan.ppo_plan({"vf_clip_param": 1.0}, env="CartPole-v1")
     assert len(plan.hooks) == 1  # warn_about_bad_reward_scales
     big = Counter(lo=np.uint32(5), hi=np.uint32(1))

@@ -80,9 +80,8 @@ def test_schedules_sweep_under_vmap():
     tables = [[[0, 1e-3], [1000, 1e-4]], [[0, 2e-3], [512, 5e-4]]]
     lr = jnp.asarray(tables, jnp.float32)
     stage = states.stages["apply_schedules"]
-    states = states.replace(
-        stages={"apply_schedules": {PID: {**stage[PID], "lr": lr}}},
-    )
+    stage = stage.replace(tables={PID: {**stage.tables[PID], "lr": lr}})
+    states = states.replace(stages={"apply_schedules": stage})
     _, results = jax.jit(jax.vmap(lambda s: jaxplan.run_iterations(plan, s, 4)))(states)
     for seed, table in enumerate(tables):
         got = [s["cur_lr"] for s in _stats(plan, results, seed)]
@@ -110,6 +109,24 @@ def test_per_policy_schedule():
         want = piecewise_reference([[0, 1e-3], [1024, 1e-4]], 256 * i)
         assert learner["a"]["learner_stats"]["cur_lr"] == pytest.approx(want)
         assert learner["b"]["learner_stats"]["cur_lr"] == pytest.approx(3e-4)
+
+
+def test_an_lr_sweep_scales_a_scheduled_lr():
+    """`plan.init(key, hparams=...)` with another `lr` scales the schedule by swept / configured
+    (here the config's lr 1e-3 is the schedule's first value): a sweep still sweeps."""
+    plan = jaxplan.ppo_plan({**SMALL, "lr": 1e-3}, env="CartPole-v1")
+    base = jaxplan.PPOHParams.from_config(plan.workers.policies[PID].config)
+    lrs = jnp.asarray([1e-3, 4e-3], jnp.float32)
+
+    def train(lr):
+        state = plan.init(jax.random.PRNGKey(0), {PID: base.replace(lr=lr)})
+        return jaxplan.run_iterations(plan, state, 3)
+
+    _, results = jax.jit(jax.vmap(train))(lrs)
+    for run, factor in enumerate([1.0, 4.0]):
+        got = [s["cur_lr"] for s in _stats(plan, results, run)]
+        want = [factor * piecewise_reference(SMALL["lr_schedule"], 256 * i) for i in range(3)]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_no_schedule_no_stage():

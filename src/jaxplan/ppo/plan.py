@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,8 +40,8 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
     )
     rollouts = rollouts.for_each(StandardizeFields(["advantages"]))
     schedules = _schedules(config)
-    if schedules:  # RLlib applies them inside its policies; here they are a stage
-        rollouts = rollouts.for_each(ApplySchedules(schedules))
+    if schedules is not None:  # RLlib applies them inside its policies; here they are a stage
+        rollouts = rollouts.for_each(schedules)
     if config.simple_optimizer:
         train_op = rollouts.for_each(
             TrainOneStep(
@@ -67,20 +68,21 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
     )
 
 
-def _schedules(config: PPOConfig) -> dict[str, dict[str, tuple]]:
-    """Per policy, its `lr_schedule` / `entropy_coeff_schedule` (a `multiagent.policies`
-    override, else the config's) by hyper-parameter name."""
-    out = {}
+def _schedules(config: PPOConfig) -> ApplySchedules | None:
+    """The stage for the policies' `lr_schedule` / `entropy_coeff_schedule` (a
+    `multiagent.policies` override, else the config's), or None without any."""
+    schedules, configured = {}, {}
     for pid in config.policy_ids:
-        overrides = config.multiagent.policies.get(pid) or {}
+        own = {**dataclasses.asdict(config), **(config.multiagent.policies.get(pid) or {})}
         named = {
-            name: overrides.get(f"{name}_schedule", getattr(config, f"{name}_schedule"))
+            name: own[f"{name}_schedule"]
             for name in ("lr", "entropy_coeff")
+            if own[f"{name}_schedule"] is not None
         }
-        named = {name: points for name, points in named.items() if points is not None}
         if named:
-            out[pid] = named
-    return out
+            schedules[pid] = named
+            configured[pid] = {name: float(own[name]) for name in named}
+    return ApplySchedules(schedules, configured) if schedules else None
 
 
 def build_workers(config: PPOConfig) -> WorkerSet:
