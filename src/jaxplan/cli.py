@@ -281,7 +281,7 @@ def _train(args) -> int:
     if runner.writer:
         print(
             f"jaxplan: results in {runner.writer.path}, "
-            f"final policies in {runner.writer.checkpoint_path}"
+            f"run state in {runner.writer.checkpoint_path} (continue with --resume)"
         )
     return 0
 
