@@ -62,7 +62,7 @@ class Runner:
 
     With `output` (and `writes`, default: this is process 0) results are appended to
     `output/result.jsonl` per chunk, `params` (default `{"seeds": seeds}`) go to
-    `params.json` and the latest policies and counters to `checkpoint.msgpack`. On a mesh every
+    `params.json` and the whole run state to `checkpoint.msgpack`. On a mesh every
     process checks after each chunk that the policies are replicated bitwise.
 
     `state` is the latest `PlanState` (leading seed axis when there are several seeds),
