@@ -228,10 +228,12 @@ class Runner:
         self._elapsed += self.chunk * per_iter
         if self.plan.workers.mesh is not None:  # collective: every process, every chunk
             distributed.check_replicated(self.state.policies, "policies")
-        if self.output is not None:  # the whole state on the host (a collective across hosts)
+        multi_process = jax.process_count() > 1
+        if self.writer is not None or (self.output is not None and multi_process):
+            # the whole state on the host (a collective: every process joins it)
             state = (
                 multihost_utils.process_allgather(self.state, tiled=True)
-                if jax.process_count() > 1
+                if multi_process
                 else jax.device_get(self.state)
             )
             if self.writer is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,15 +72,19 @@ def _schedules(config: PPOConfig) -> ApplySchedules | None:
     `multiagent.policies` override, else the config's), or None without any."""
     schedules, configured = {}, {}
     for pid in config.policy_ids:
-        own = {**dataclasses.asdict(config), **(config.multiagent.policies.get(pid) or {})}
+        overrides = config.multiagent.policies.get(pid) or {}
+
+        def own(key, overrides=overrides):
+            return overrides.get(key, getattr(config, key))
+
         named = {
-            name: own[f"{name}_schedule"]
+            name: own(f"{name}_schedule")
             for name in ("lr", "entropy_coeff")
-            if own[f"{name}_schedule"] is not None
+            if own(f"{name}_schedule") is not None
         }
         if named:
             schedules[pid] = named
-            configured[pid] = {name: float(own[name]) for name in named}
+            configured[pid] = {name: float(own(name)) for name in named}
     return ApplySchedules(schedules, configured) if schedules else None
 
 
