@@ -4,6 +4,7 @@ start). Prints one JSON line of measurements for the parent test to assert on.
 
     python tests/devices_worker.py equivalence N   # N-device stages vs the 1-device ones
     python tests/devices_worker.py solve N         # PPO on N devices, CartPole to 475
+    python tests/devices_worker.py evaluation N    # the evaluation stage, N devices vs 1
 """
 
 from __future__ import annotations
@@ -268,8 +269,30 @@ def multiagent(n: int) -> dict:
     }
 
 
+def evaluation(n: int) -> dict:
+    """The evaluation stage on n devices (5 episodes: padded to a multiple of n) against
+    `evaluate` on one device with the same params (the ones just trained) and key: the
+    episodes are the same, since each is its own actor group with keys split for all."""
+    from jaxplan.stages.evaluation import evaluate
+
+    config = {**SMALL, "evaluation_interval": 1, "evaluation_duration": 5, "num_devices": n}
+    plan = ppo_plan(config, env="CartPole-v1")
+    state = plan.init(jax.random.PRNGKey(3))
+    key = state.stages["evaluation"].key
+    state, result = jax.jit(plan.step)(state)
+    mesh = plan.report(result)["evaluation"]
+    one = ppo_plan({**config, "num_devices": 0}, env="CartPole-v1")
+    params = jax.device_get({pid: ps.params for pid, ps in state.policies.items()})
+    ref = jax.jit(lambda p, k: evaluate(one.workers, p, k, num_episodes=5, explore=True))(
+        params, jax.random.split(key)[1]
+    )
+    ref = {k: np.asarray(v).tolist() for k, v in ref["hist_stats"].items()}
+    return {"equal": mesh["hist_stats"] == ref, "evaluation": mesh, "reference": ref}
+
+
 if __name__ == "__main__":
     mode, n = sys.argv[1], int(sys.argv[2])
     modes = {"equivalence": equivalence, "solve": solve, "async": async_lag, "ma": multiagent}
+    modes["evaluation"] = evaluation
     result = modes[mode](n)
     print(json.dumps(result))

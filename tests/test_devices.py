@@ -56,7 +56,7 @@ def _free_port() -> int:
 
 
 WORKERS = [("equivalence", 1), ("equivalence", 2), ("equivalence", 4), ("equivalence", 8)]
-WORKERS += [("solve", 4), ("async", 2), ("ma", 2)]
+WORKERS += [("solve", 4), ("async", 2), ("ma", 2), ("evaluation", 4)]
 CLI_COMMON = ["--stop-iters", "4", "--report-every", "2", "--no-compile-cache", "--seed", "5"]
 
 
@@ -125,6 +125,13 @@ def test_n_devices_match_one_device(launched, n):
         assert diff <= STATS_ATOL, (key, diff)
     if n > 1:
         assert out["divergence_caught"]
+
+
+def test_evaluation_on_four_devices_is_one_devices(launched):
+    out = launched.worker("evaluation", 4)
+    assert out["equal"], out
+    assert out["evaluation"]["episodes_this_iter"] == 5
+    assert len(out["evaluation"]["hist_stats"]["episode_reward"]) == 5
 
 
 def test_ppo_on_four_devices_solves_cartpole(launched):

@@ -118,6 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--process-id", type=int, default=None, help="this process's id (else $JAX_PROCESS_ID)"
     )
+    evaluate = sub.add_parser(
+        "evaluate", help="play episodes with a run's trained policies (its checkpoint)"
+    )
+    evaluate.add_argument("directory", type=Path, metavar="DIR", help="the run's --output")
+    evaluate.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes per seed (default: the run's evaluation_duration)",
+    )
+    evaluate.add_argument(
+        "--explore",
+        action="store_true",
+        help="sample actions (default: deterministic, RLlib's explore=False)",
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="key of the episodes (default 0)")
+    evaluate.add_argument("--json", action="store_true", help="one JSON result per seed")
     return parser
 
 
@@ -171,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, or a bad flag (already printed as one line)
         return int(e.code or 0)
     try:
-        return _train(args)
+        return _evaluate(args) if args.command == "evaluate" else _train(args)
     except (UsageError, ValueError, KeyError, ImportError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxplan: error: {msg}", file=sys.stderr)
@@ -286,6 +303,32 @@ def _train(args) -> int:
     return 0
 
 
+def _evaluate(args) -> int:
+    """`jaxplan evaluate DIR`: each seed's trained policies, `--episodes` episodes each."""
+    if args.episodes is not None and args.episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    if not 0 <= args.seed < 2**32:
+        raise UsageError(f"--seed must be in [0, 2**32), got {args.seed}")
+    from jaxplan.results import finite
+    from jaxplan.trained import load_run
+
+    run = load_run(args.directory)
+    episodes = args.episodes or run.config.evaluation_episodes
+    results = run.evaluate(num_episodes=episodes, explore=args.explore, seed=args.seed)
+    how = "sampled" if args.explore else "deterministic"
+    for r in results:
+        if args.json:  # strict JSON: NaN (no finished episode) is null
+            print(json.dumps(finite(r), allow_nan=False))
+            continue
+        print(
+            f"jaxplan: seed {r['seed']}: episode_reward_mean {r['episode_reward_mean']:.2f} "
+            f"(min {r['episode_reward_min']:.2f}, max {r['episode_reward_max']:.2f}), "
+            f"episode_len_mean {r['episode_len_mean']:.1f} over {r['episodes_this_iter']} "
+            f"of {episodes} episodes ({how} actions, {run.config.env})"
+        )
+    return 0
+
+
 def _saved_params(directory: Path) -> dict:
     """The `params.json` of the run in `directory` (its algorithm, seeds and config)."""
     path = directory / "params.json"
@@ -339,7 +382,12 @@ def _format_line(row: list[dict]) -> str:
         if per_policy:  # multi-agent: each policy's return (its agents, summed)
             line += "  [" + " ".join(f"{p} {v:.1f}" for p, v in per_policy.items()) + "]"
     total_rate = sum(r["num_env_steps_sampled_throughput_per_sec"] for r in row)
-    return line + f"  env_steps/s {total_rate:,.0f}"
+    line += f"  env_steps/s {total_rate:,.0f}"
+    evaluated = [r["evaluation"]["episode_reward_mean"] for r in row if "evaluation" in r]
+    evaluated = [x for x in evaluated if math.isfinite(x)]
+    if evaluated:  # an evaluation iteration: the mean over seeds of the evaluation return
+        line += f"  evaluation {sum(evaluated) / len(evaluated):.2f}"
+    return line
 
 
 def _print_summary(args, runner, total, t_compile) -> None:

@@ -28,6 +28,10 @@ class Categorical:
     def sample(self, key: jax.Array, inputs: jax.Array) -> jax.Array:
         return jax.random.categorical(key, inputs, axis=-1).astype(jnp.int32)
 
+    def deterministic_sample(self, inputs: jax.Array) -> jax.Array:
+        """The most likely action (argmax of the logits; RLlib's `deterministic_sample`)."""
+        return jnp.argmax(inputs, axis=-1).astype(jnp.int32)
+
     def log_prob(self, inputs: jax.Array, actions: jax.Array) -> jax.Array:
         logp = jax.nn.log_softmax(inputs, axis=-1)
         return jnp.take_along_axis(logp, actions[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -58,6 +62,10 @@ class DiagGaussian:
     def sample(self, key: jax.Array, inputs: jax.Array) -> jax.Array:
         mean, log_std = self._split(inputs)
         return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+
+    def deterministic_sample(self, inputs: jax.Array) -> jax.Array:
+        """The mean action (RLlib's `deterministic_sample`)."""
+        return self._split(inputs)[0]
 
     def log_prob(self, inputs: jax.Array, actions: jax.Array) -> jax.Array:
         mean, log_std = self._split(inputs)

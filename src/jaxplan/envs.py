@@ -79,6 +79,13 @@ class Env:
         self.observation_shape: tuple[int, ...] = tuple(obs_space.shape)
         self.action_space: ActionSpace = _convert_space(name, self._env.action_space(params))
 
+    @property
+    def max_episode_steps(self) -> int | None:
+        """Steps after which an episode is truncated (gymnax's `max_steps_in_episode`), or
+        None if the env has no limit."""
+        limit = getattr(self.params, "max_steps_in_episode", None)
+        return None if limit is None else int(limit)
+
     def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
         """`key -> (obs [*observation_shape] float32, env_state)`."""
         obs, state = self._env.reset(key, self.params)

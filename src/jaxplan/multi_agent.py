@@ -4,6 +4,7 @@ built-in multi-agent env, and an adapter for JaxMARL.
 The contract (`MultiAgentEnv`), for one env (callers `vmap` over groups and envs):
 
 - `agents`: the agent ids (static, ordered); `observation_shapes[agent]`, `action_spaces[agent]`.
+- `max_episode_steps`: the step limit after which an episode is truncated, or None.
 - `reset(key) -> (obs {agent: [*obs_shape] f32}, state)`.
 - `step(key, state, actions {agent: action}) -> (obs, state, rewards {agent: f32},
   terminated {agent: bool}, truncated {agent: bool}, final_obs {agent: ...})`, resetting the
@@ -47,6 +48,7 @@ class SingleAgentView:
         self.agents = (SINGLE_AGENT_ID,)
         self.observation_shapes = {SINGLE_AGENT_ID: tuple(env.observation_shape)}
         self.action_spaces = {SINGLE_AGENT_ID: env.action_space}
+        self.max_episode_steps = getattr(env, "max_episode_steps", None)
 
     def reset(self, key):
         obs, state = self.env.reset(key)
@@ -78,6 +80,7 @@ class MultiAgentCartPole:
         self.agents = tuple(f"agent_{i}" for i in range(num_agents))
         self.observation_shapes = {a: (4,) for a in self.agents}
         self.action_spaces = {a: Discrete(2) for a in self.agents}
+        self.max_episode_steps = int(self._params.max_steps_in_episode)
 
     def _obs(self, obs):
         return {a: obs[i].astype(jnp.float32) for i, a in enumerate(self.agents)}
@@ -144,6 +147,8 @@ class JaxMARLEnv:
             a: tuple(self._env.observation_space(a).shape) for a in self.agents
         }
         self.action_spaces = {a: _jaxmarl_space(self._env.action_space(a)) for a in self.agents}
+        max_steps = getattr(self._env, "max_steps", None)
+        self.max_episode_steps = None if max_steps is None else int(max_steps)
 
     def _f32(self, obs):
         return {a: jnp.asarray(obs[a], jnp.float32) for a in self.agents}

@@ -34,10 +34,12 @@ class Policy(Protocol):
         """Fresh params and optimizer state."""
 
     def compute_actions(
-        self, params: Any, obs: jax.Array, key: jax.Array
+        self, params: Any, obs: jax.Array, key: jax.Array, *, explore: bool = True
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """`obs [*B, *obs_shape] -> (actions [*B, ...], extras)`; extras hold the fields a loss
-        needs later (`action_logp [*B]`, `action_dist_inputs [*B, D]`)."""
+        needs later (`action_logp [*B]`, `action_dist_inputs [*B, D]`). `explore=False`
+        (RLlib's evaluation setting, static) asks for the deterministic action (the
+        distribution's mode); rollouts always explore and may leave the argument out."""
 
     def postprocess_trajectory(self, params: Any, hparams: Any, traj: SampleBatch) -> SampleBatch:
         """Adds `vf_preds`, `advantages`, `value_targets` to a time-major trajectory `[T, *B]`."""

@@ -44,7 +44,8 @@ class RandomPolicy:
             version=jnp.zeros((), jnp.int32),
         )
 
-    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array):
+    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True):
+        """Uniform random actions, `explore` or not (RLlib's RandomPolicy ignores it)."""
         batch = obs.shape[: obs.ndim - len(self.obs_shape)]
         space = self.action_space
         if isinstance(space, Discrete):

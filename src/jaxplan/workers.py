@@ -230,15 +230,7 @@ class WorkerSet:
             pid: policy.init(k, hparams.get(pid))
             for (pid, policy), k in zip(self.policies.items(), k_pol, strict=True)
         }
-        groups, envs = self.num_actor_groups, self.num_envs_per_worker
-        env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
-        obs, env_state = jax.vmap(jax.vmap(self.ma_env.reset))(env_keys)
-        actors = ActorState(
-            env_state=env_state,
-            obs=obs,
-            episode_return=jnp.zeros((groups, envs, len(self.agents)), jnp.float32),
-            episode_length=jnp.zeros((groups, envs), jnp.int32),
-        )
+        actors = self.reset_actors(k_env)
         window = self.metrics_smoothing_episodes
         return PlanState(
             policies=policies,
@@ -252,6 +244,19 @@ class WorkerSet:
                 else {}
             ),
             stages={},
+        )
+
+    def reset_actors(self, key: jax.Array) -> ActorState:
+        """Every group's envs freshly reset (one key per env, split from `key` for all
+        `[groups, envs]`), with zero episode returns and lengths."""
+        groups, envs = self.num_actor_groups, self.num_envs_per_worker
+        env_keys = jax.random.split(key, groups * envs).reshape(groups, envs, -1)
+        obs, env_state = jax.vmap(jax.vmap(self.ma_env.reset))(env_keys)
+        return ActorState(
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.zeros((groups, envs, len(self.agents)), jnp.float32),
+            episode_length=jnp.zeros((groups, envs), jnp.int32),
         )
 
     @property

@@ -69,6 +69,19 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvaluationConfig:
+    """RLlib's `evaluation_config`: what differs when evaluating. `explore=False` acts with
+    each distribution's deterministic action; `env_config` is merged over the training
+    env's `env_config`."""
+
+    explore: bool = True
+    env_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+EVALUATION_DURATION_UNITS = ("episodes",)
+
+
+@dataclasses.dataclass(frozen=True)
 class MultiAgentConfig:
     """RLlib's `multiagent` block. `policies` maps policy ids to per-policy config overrides
     (`{}` for none; keys in `PER_POLICY_KEYS`); `policy_mapping` maps every agent id of the env
@@ -120,6 +133,15 @@ class PPOConfig:
     vtrace_clip_rho_threshold: float = per_policy(1.0)
     vtrace_clip_pg_rho_threshold: float = per_policy(1.0)
     vtrace_clip_c_threshold: float = per_policy(1.0)
+    # evaluation (RLlib's keys; jaxplan.stages.evaluation): every `evaluation_interval`
+    # iterations (None or 0: never), `evaluation_duration` episodes with the newest params and
+    # `evaluation_config`'s settings, results under "evaluation"; `evaluation_num_episodes` is
+    # RLlib's older name of the duration (it wins when set)
+    evaluation_interval: int | None = None
+    evaluation_duration: int = 10
+    evaluation_duration_unit: str = "episodes"
+    evaluation_num_episodes: int | None = None
+    evaluation_config: EvaluationConfig = EvaluationConfig()
     # devices (see jaxplan.devices): RLlib's num_gpus / _fake_gpus, and jaxplan's num_devices
     simple_optimizer: bool = False
     num_gpus: int = 0
@@ -141,6 +163,14 @@ class PPOConfig:
             multiagent=MultiAgentConfig(count_steps_by=self.multiagent.count_steps_by),
         )
         return alone.updated(dict(self.multiagent.policies.get(policy_id) or {}))
+
+    @property
+    def evaluation_episodes(self) -> int:
+        """Episodes per evaluation: `evaluation_num_episodes` if set, else
+        `evaluation_duration`."""
+        if self.evaluation_num_episodes is not None:
+            return self.evaluation_num_episodes
+        return self.evaluation_duration
 
     @property
     def data_parallel_devices(self) -> int:
@@ -221,6 +251,23 @@ class PPOConfig:
                 "values must be > 0" if low is not None else "values must be >= 0",
             )
         check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", "must be > 0 or None")
+        check(
+            self.evaluation_interval is None or self.evaluation_interval >= 0,
+            "evaluation_interval",
+            "must be None or 0 (no evaluation) or an iteration count >= 1",
+        )
+        check(self.evaluation_duration >= 1, "evaluation_duration", "must be >= 1")
+        check(
+            self.evaluation_num_episodes is None or self.evaluation_num_episodes >= 1,
+            "evaluation_num_episodes",
+            "must be >= 1 or None",
+        )
+        check(
+            self.evaluation_duration_unit in EVALUATION_DURATION_UNITS,
+            "evaluation_duration_unit",
+            f"must be one of {list(EVALUATION_DURATION_UNITS)} (whole episodes are played; "
+            "'timesteps' is not supported)",
+        )
         check(
             len(self.model.fcnet_hiddens) >= 1 and all(h >= 1 for h in self.model.fcnet_hiddens),
             "model.fcnet_hiddens",

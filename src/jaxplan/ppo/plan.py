@@ -22,6 +22,7 @@ from jaxplan.stages import (
     UpdateKL,
     warn_about_bad_reward_scales,
 )
+from jaxplan.stages.evaluation import Evaluation, report_evaluation
 from jaxplan.workers import WorkerSet, resolve_policy_mapping
 
 
@@ -62,8 +63,28 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
             )
         )
     train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL())
-    return StandardMetricsReporting(train_op, workers).on_result(
+    evaluation = _evaluation(workers, config)
+    if evaluation is not None:  # RLlib's Trainer evaluates after the step; here it is a stage
+        train_op = train_op.for_each(evaluation)
+    plan = StandardMetricsReporting(train_op, workers).on_result(
         lambda result: warn_about_bad_reward_scales(config, result)
+    )
+    return plan if evaluation is None else plan.on_result(report_evaluation)
+
+
+def _evaluation(workers: WorkerSet, config: PPOConfig) -> Evaluation | None:
+    """The evaluation stage of `evaluation_interval` / `evaluation_duration` /
+    `evaluation_config`, or None without evaluation."""
+    if not config.evaluation_interval:
+        return None
+    overrides = config.evaluation_config.env_config
+    env = make_env(config.env, {**config.env_config, **overrides}) if overrides else None
+    return Evaluation(
+        workers,
+        interval=config.evaluation_interval,
+        num_episodes=config.evaluation_episodes,
+        explore=config.evaluation_config.explore,
+        env=env,
     )
 
 

@@ -50,9 +50,12 @@ class PPOPolicy:
             version=jnp.zeros((), jnp.int32),
         )
 
-    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array):
+    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True):
         inputs = self.model.apply(params, obs, method=ActorCritic.policy)
-        actions = self.dist.sample(key, inputs)
+        if explore:
+            actions = self.dist.sample(key, inputs)
+        else:
+            actions = self.dist.deterministic_sample(inputs)
         extras = {
             sb.ACTION_LOGP: self.dist.log_prob(inputs, actions),
             sb.ACTION_DIST_INPUTS: inputs,

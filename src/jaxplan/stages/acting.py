@@ -8,6 +8,7 @@ groups, so a group's steps do not depend on how many devices the groups are spre
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -55,12 +56,14 @@ def step_envs(
     *,
     per_group: bool = False,
     active: jax.Array | None = None,
+    explore: bool = True,
 ) -> tuple[ActorState, dict[str, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]:
     """Steps every env of the local groups once, every agent acting with its policy.
 
     `params` maps policy ids to their params, or with `per_group` to stacks
     `[local groups, ...]` (each group acts with its own snapshot). `active` (`[local groups]`
     bool) freezes the other groups: their env state, observations and episode counters stay.
+    `explore=False` asks the policies for deterministic actions (evaluation).
 
     Returns the new actor state, per policy the transition `{field: [groups, envs, agents of
     the policy, ...]}` (obs, new_obs (the final observation of a finished episode), actions,
@@ -77,7 +80,10 @@ def step_envs(
         k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
         act_keys = devices.local_slice(jax.random.split(k_pol, groups), axis_name)
         obs = stack_agents(actors.obs, agents)  # [g, e, agents, ...]
-        act = jax.vmap(policy.compute_actions, in_axes=(0 if per_group else None, 0, 0))
+        compute = policy.compute_actions
+        if not explore:
+            compute = functools.partial(compute, explore=False)
+        act = jax.vmap(compute, in_axes=(0 if per_group else None, 0, 0))
         pol_actions, extras = act(params[pid], obs, act_keys)
         for j, agent in enumerate(agents):
             space = env.action_spaces[agent]

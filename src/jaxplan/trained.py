@@ -1,0 +1,114 @@
+"""A finished (or interrupted) run, loaded from its output folder: config, plan and state.
+
+```python
+import jaxplan.trained
+
+run = jaxplan.trained.load_run("runs/ppo-cartpole")
+params = run.policy_params()                 # {policy_id: params}, leading seed axis if several
+metrics = run.evaluate(num_episodes=20)      # per seed: RLlib's evaluation metrics
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import serialization
+
+from jaxplan.flow import Plan
+from jaxplan.ppo.config import PPOConfig
+from jaxplan.results import read_checkpoint
+from jaxplan.workers import PlanState
+
+_ONE_DEVICE = {"num_devices": 0, "num_gpus": 0, "_fake_gpus": False}
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """A run's resolved `config`, its `plan` rebuilt on one device, its `seeds` and its
+    checkpointed `state` (host arrays; leading seed axis when there are several seeds)."""
+
+    directory: Path
+    config: PPOConfig
+    plan: Plan
+    seeds: list[int]
+    state: PlanState
+
+    def policy_params(self) -> dict[str, Any]:
+        """`{policy_id: params}` of the checkpoint (leading seed axis with several seeds)."""
+        return {pid: ps.params for pid, ps in self.state.policies.items()}
+
+    def evaluate(
+        self, *, num_episodes: int = 10, explore: bool = False, seed: int = 0
+    ) -> list[dict]:
+        """Plays `num_episodes` episodes per seed with that seed's trained params (on the
+        run's evaluation env: `evaluation_config.env_config` over its `env_config`), one
+        compiled program for all seeds; returns per seed RLlib's evaluation metrics (Python
+        numbers, plus `seed`). Deterministic actions unless `explore`; the episodes' key is
+        `fold_in(PRNGKey(seed), run seed)`."""
+        from jaxplan.multi_agent import make_env
+        from jaxplan.stages.evaluation import evaluate
+        from jaxplan.stages.metrics import result_to_host
+
+        config, workers = self.config, self.plan.workers
+        overrides = config.evaluation_config.env_config
+        env = make_env(config.env, {**config.env_config, **overrides}) if overrides else None
+
+        def one(params, key):
+            return evaluate(
+                workers, params, key, num_episodes=num_episodes, explore=explore, env=env
+            )
+
+        base = jax.random.PRNGKey(seed)
+        keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(np.asarray(self.seeds))
+        params = self.policy_params()
+        if len(self.seeds) == 1:
+            params = jax.tree.map(lambda x: x[None], params)
+        out = jax.device_get(jax.jit(jax.vmap(one))(params, keys))
+        return [
+            {"seed": s, **result_to_host(jax.tree.map(lambda x, i=i: x[i], out))}
+            for i, s in enumerate(self.seeds)
+        ]
+
+
+def load_run(directory: str | os.PathLike) -> TrainedRun:
+    """Reads `directory/params.json` (the config and seeds) and its checkpoint (the whole run
+    state) and rebuilds the run's plan on one device (device settings do not change the
+    state). Raises `ValueError` naming the file when either is missing or not a jaxplan run's."""
+    from jaxplan.ppo.plan import build_workers, execution_plan
+
+    directory = Path(directory)
+    path = directory / "params.json"
+    try:
+        params = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the run's params ({e})") from None
+    if params.get("algorithm") != "PPO" or "config" not in params or "seeds" not in params:
+        raise ValueError(f"{path}: not the params of a jaxplan PPO run")
+    config = PPOConfig.from_dict(params["config"]).updated(_ONE_DEVICE)
+    plan = execution_plan(build_workers(config), config)
+    seeds = [int(s) for s in params["seeds"]]
+    raw = read_checkpoint(directory)
+    init = plan.init if len(seeds) == 1 else jax.vmap(plan.init)
+    keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
+    target = jax.eval_shape(init, keys[0] if len(seeds) == 1 else keys)
+    target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), target)
+    try:
+        state = serialization.from_state_dict(target, raw["state"])
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"{directory}: the checkpoint does not fit the run's plan: {e}") from None
+    for (path, x), t in zip(
+        jax.tree_util.tree_flatten_with_path(state)[0], jax.tree.leaves(target), strict=True
+    ):
+        if np.shape(x) != t.shape:
+            raise ValueError(
+                f"{directory}: the checkpoint's state{jax.tree_util.keystr(path)} has shape "
+                f"{list(np.shape(x))}, the run's plan {list(t.shape)}"
+            )
+    return TrainedRun(directory, config, plan, seeds, state)
