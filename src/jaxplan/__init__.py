@@ -25,6 +25,7 @@ from jaxplan.run import Stop, make_train, run_iterations, train_seeds
 from jaxplan.runner import Runner
 from jaxplan.stages import (
     ConcatBatches,
+    Evaluation,
     MultiGPUTrainOneStep,
     ParallelRollouts,
     SelectExperiences,
@@ -32,8 +33,10 @@ from jaxplan.stages import (
     StandardMetricsReporting,
     TrainOneStep,
     UpdateKL,
+    evaluate,
     warn_about_bad_reward_scales,
 )
+from jaxplan.trained import TrainedRun, load_run
 from jaxplan.workers import PlanState, WorkerSet
 
 __version__ = "0.1.0"
@@ -42,6 +45,7 @@ __all__ = [
     "DEFAULT_POLICY_ID",
     "ConcatBatches",
     "Env",
+    "Evaluation",
     "Flow",
     "LearnerInfo",
     "MultiAgentBatch",
@@ -64,10 +68,13 @@ __all__ = [
     "Stop",
     "TrainOneStep",
     "TrainOutput",
+    "TrainedRun",
     "UpdateKL",
     "WorkerSet",
     "build_workers",
+    "evaluate",
     "execution_plan",
+    "load_run",
     "make_train",
     "ppo_plan",
     "preset_config",

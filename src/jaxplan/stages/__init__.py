@@ -2,6 +2,7 @@
 
 from jaxplan.stages.apply_schedules import ApplySchedules
 from jaxplan.stages.concat_batches import ConcatBatches
+from jaxplan.stages.evaluation import Evaluation, evaluate
 from jaxplan.stages.metrics import StandardMetricsReporting, warn_about_bad_reward_scales
 from jaxplan.stages.rollouts import ParallelRollouts, Rollouts
 from jaxplan.stages.select_experiences import SelectExperiences
@@ -12,6 +13,7 @@ from jaxplan.stages.update_kl import UpdateKL
 __all__ = [
     "ApplySchedules",
     "ConcatBatches",
+    "Evaluation",
     "MultiGPUTrainOneStep",
     "ParallelRollouts",
     "Rollouts",
@@ -20,5 +22,6 @@ __all__ = [
     "StandardizeFields",
     "TrainOneStep",
     "UpdateKL",
+    "evaluate",
     "warn_about_bad_reward_scales",
 ]
