@@ -209,7 +209,14 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as e:  # --help, or a bad flag (already printed as one line)
         return int(e.code or 0)
     try:
-        return _evaluate(args) if args.command == "evaluate" else _train(args)
+        try:
+            return _evaluate(args) if args.command == "evaluate" else _train(args)
+        except Exception as e:  # a missing or lost process of a multi-process run, else re-raised
+            distributed = sys.modules.get("jaxplan.distributed")
+            msg = distributed.failure_message(e) if distributed is not None else None
+            if msg is None:
+                raise
+            return distributed.stop(f"jaxplan: error: {msg}", distributed.EXIT_LOST)
     except (UsageError, ValueError, KeyError, ImportError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxplan: error: {msg}", file=sys.stderr)
@@ -217,13 +224,6 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("jaxplan: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # a missing or lost process of a multi-process run, else re-raised
-        distributed = sys.modules.get("jaxplan.distributed")
-        msg = distributed.failure_message(e) if distributed is not None else None
-        if msg is None:
-            raise
-        print(f"jaxplan: error: {msg}", file=sys.stderr)
-        return distributed.EXIT_LOST
 
 
 def _check_args(args) -> None:

@@ -8,32 +8,42 @@ and a run does not depend on how its devices are spread over processes (2 proces
 devices compute what 1 process x 4 devices does). Only process 0 writes results and
 checkpoints (`is_writer`).
 
-Faults, with `timeout_s` (the CLI's `--distributed-timeout`, default 60 s) as the one bound:
+Faults, with `timeout_s` (the CLI's `--distributed-timeout`, default 60 s) as the one bound;
+every failure below is one line on stderr, `jaxplan: error: ...`, and exit status 1:
 
 - Start-up. Before `jax.distributed` starts, process 0 listens on the coordinator's port and
-  every other process says hello there (its id, the process count, the jaxplan version). Process
-  0 waits `timeout_s` for all of them, then fails naming who is missing (`process 1 of 2 did not
-  join the coordinator at 10.0.0.1:1234 within 60 s`); the processes that did join fail with the
-  same line. A process that reaches nothing for `timeout_s` says so (`nothing answered at ...`:
-  process 0 not started, or another port). A duplicate id, another process count or another
-  version is refused at once. All waits are in Python: Ctrl-C stops them at once.
+  every other process says hello there (its id, the process count, the jaxplan version).
+  Process 0 waits `timeout_s` for all of them, then fails naming who is missing (`process 1 of
+  2 did not join the coordinator at 10.0.0.1:1234 within 60 s`); the processes that did join
+  fail with the same line. A process that reaches nothing for `timeout_s` says so (`process 1
+  of 2: nothing answered at 10.0.0.1:1234 within 60 s (process 0 not started, or listening on
+  another address or port)`). A duplicate id, another process count or another version is
+  refused at once. These waits are Python socket calls: Ctrl-C ends them at once (exit 130).
 - `jax.distributed.initialize` then runs in a helper thread (the main thread stays
   interruptible) and must connect within `timeout_s`. Its own C++ bounds (initialization,
   heartbeat and shutdown timeouts) are set to `2 * timeout_s + 10` s, a backstop that the
   checks here come before.
-- During the run, a watch thread in each process beats a counter in the coordinator's
-  key-value store every `min(1, timeout_s / 4)` s. Process 0 reports any process whose counter
-  stood still for `timeout_s` (killed, hung, stopped, unreachable) and tells the others; the
-  others report process 0 when its counter stands still or the store stops answering for
-  `timeout_s`. A killed peer is usually found sooner, at the next collective (its sockets
-  close): `failure_message` turns that error into the same line. Either way each survivor
-  prints one line naming the lost process (`process 1 of 2 was lost ...`) within `timeout_s`
-  plus about a second, as its last line, and exits with status 1 at once (`os._exit`: no
-  shutdown barrier waiting for the dead, no C++ abort). Only process 0 writes files; it is
-  stopped between whole writes at worst as a SIGKILL would stop it (lines are appended whole,
-  checkpoints replaced atomically), so its files stay whole.
+- During the run a watch (two daemon threads per process) beats a counter in the
+  coordinator's key-value store every `min(1, timeout_s / 4)` s. Process 0 reports a process
+  whose counter stood still for `timeout_s` (killed, hung, stopped, unreachable) and tells the
+  others; the others report process 0 when its counter stands still, or the store does not
+  answer, for `timeout_s`: `process 1 of 2 was lost: no sign of life for 60 s (killed, hung or
+  unreachable)`, within `timeout_s` + 2 beats (measured 5.6-7.5 s for 4-5 s on a loaded
+  machine). A killed peer is found sooner, at the next collective (its sockets close; measured
+  1.6-2.3 s): `failure_message` turns that error into `process 1 of 2 was lost mid-run (a
+  collective with it failed: ...)`. The survivor exits at once (`os._exit`: no shutdown
+  barrier waiting for the dead). Only process 0 writes files; stopped this way it stops as a
+  SIGKILL would, between whole writes (lines appended whole, checkpoints replaced
+  atomically), so its files stay whole.
+- When process 0 itself dies, the survivors' C++ runtime aborts on its own (the coordinator's
+  socket closed: `F... client.h:80] Terminating process ...`), racing our line; those C++
+  lines may come before our line, never after it (stderr goes to /dev/null once our line is
+  written), and the exit status may be 134 when the abort wins. When process 0 stops for its
+  own reasons (an error, Ctrl-C, a lost peer) it first tells the others (`process 0 of 2
+  stopped (exit status 2); stopping too`) and waits up to `2 * beat + 1` s for them to leave.
 - `leave(code)` ends a process: 0 marks it done (peers do not report a process that finished
-  and waits in the shutdown barrier), anything else exits at once.
+  and waits in jax's shutdown barrier), anything else exits at once; an uncaught traceback
+  exits at once with status 1.
 """
 
 from __future__ import annotations
@@ -154,18 +164,26 @@ def failure_message(error: BaseException) -> str | None:
     if isinstance(error, DistributedError):
         return str(error)
     watch = _STATE.watch
-    if watch is None or not isinstance(error, jax.errors.JaxRuntimeError):
+    text = str(error).strip()
+    collective = isinstance(error, jax.errors.JaxRuntimeError) or "gloo" in text.lower()
+    if watch is None or watch.stopped.is_set() or not collective:
         return None
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if watch.n == 2:
-        lost = [1 - watch.me]
-    else:
-        lost = watch.wait_for_lost()
+    first = text.splitlines()[0] if text else type(error).__name__
+    lost = [1 - watch.me] if watch.n == 2 else watch.wait_for_lost()
     if not _REPORT.acquire(blocking=False):  # the watch is already reporting
         time.sleep(3600)
     watch.lost = lost
     what = _processes(lost, watch.n) if lost else f"a process of {watch.n}"
     return f"{what} was lost mid-run (a collective with it failed: {first})"
+
+
+def stop(line: str, code: int) -> int:
+    """Prints `line` on stderr and returns `code`; in a started multi-process run, exits at
+    once instead (`leave`), with `line` as the last line of stderr."""
+    if _STATE.watch is None and not _STATE.connecting:
+        print(line, file=sys.stderr)
+        return code
+    _exit(code, line)
 
 
 def leave(code: int) -> int:
@@ -180,24 +198,27 @@ def leave(code: int) -> int:
     _exit(code)
 
 
-def _exit(code: int):
-    """Exits at once with `code`. Process 0 (whose exit closes the coordinator, which the C++
-    runtime of the others answers with an abort) first tells the others and gives them up to
-    `2 * interval + 1` s to leave. Nothing more is printed after this process's last line."""
-    watch = _STATE.watch
-    if watch is not None:
-        watch.leave(code)
+def _exit(code: int, line: str | None = None):
+    """Exits at once with `code`, `line` (if any) the last line on stderr: the C++ runtime's
+    own lines (the abort of a process whose coordinator died) go to /dev/null from here on.
+    Process 0 (whose exit closes the coordinator) first tells the others and gives them up to
+    `2 * interval + 1` s to leave."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - exiting anyway
             pass
-    try:  # the C++ runtime's own lines, if any, would come after ours: drop them
+    try:
+        err = os.dup(2)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.dup2(null, 2)
+        if line is not None:
+            os.write(err, (line + "\n").encode())
     except OSError:
         pass
+    if _STATE.watch is not None:
+        _STATE.watch.leave(code)
     os._exit(code)
 
 
@@ -458,8 +479,7 @@ class _Watch:
         """Prints the one line and exits (unless this process finished, or already reports)."""
         if self.stopped.is_set() or not _REPORT.acquire(blocking=False):
             return
-        print(f"jaxplan: error: {message}", file=sys.stderr, flush=True)
-        _exit(EXIT_LOST)
+        _exit(EXIT_LOST, f"jaxplan: error: {message}")
 
     def _set(self, key: str, value: str) -> None:
         try:
@@ -476,7 +496,7 @@ class _Watch:
         if self.me != 0:  # in a thread: a hung coordinator must not hold the exit up
             thread = threading.Thread(target=self._set, args=(f"left/{self.me}", "1"))
             thread.start()
-            thread.join(0.5)
+            thread.join(0.2)
             return
         if not self.lost:
             self._set("stop", f"exit status {code}")
