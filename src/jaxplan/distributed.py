@@ -120,6 +120,10 @@ _HELLO = "jaxplan-hello"
 _KEY = "jaxplan/"  # the watch's keys in the coordinator's key-value store
 
 
+_COLLECTIVE_FAILURES = ("gloo", "connection reset", "connection closed", "socket closed")
+"""Words of the runtime errors that a lost peer's closed sockets raise in a collective."""
+
+
 class DistributedError(RuntimeError):
     """A process of a multi-process run is missing, lost or refused (a one-line message)."""
 
@@ -165,7 +169,7 @@ def failure_message(error: BaseException) -> str | None:
         return str(error)
     watch = _STATE.watch
     text = str(error).strip()
-    collective = isinstance(error, jax.errors.JaxRuntimeError) or "gloo" in text.lower()
+    collective = any(word in text.lower() for word in _COLLECTIVE_FAILURES)
     if watch is None or watch.stopped.is_set() or not collective:
         return None
     first = text.splitlines()[0] if text else type(error).__name__
