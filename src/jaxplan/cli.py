@@ -118,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--process-id", type=int, default=None, help="this process's id (else $JAX_PROCESS_ID)"
     )
+    dev.add_argument(
+        "--distributed-timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long processes wait for each other at start-up, and how long a silent "
+        "process may go unnoticed mid-run, before the run stops naming it (default 60)",
+    )
     evaluate = sub.add_parser(
         "evaluate", help="play episodes with a run's trained policies (its checkpoint)"
     )
@@ -136,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="key of the episodes (default 0)")
     evaluate.add_argument("--json", action="store_true", help="one JSON result per seed")
     return parser
+
+
+def _seconds(text: str) -> float:
+    value = float(text)  # argparse reports a ValueError as "invalid _seconds value"
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -183,12 +198,25 @@ def _load_file(path: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    distributed = sys.modules.get("jaxplan.distributed")  # imported only by a training run
+    return distributed.leave(code) if distributed is not None else code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad flag (already printed as one line)
         return int(e.code or 0)
     try:
-        return _evaluate(args) if args.command == "evaluate" else _train(args)
+        try:
+            return _evaluate(args) if args.command == "evaluate" else _train(args)
+        except Exception as e:  # a missing or lost process of a multi-process run, else re-raised
+            distributed = sys.modules.get("jaxplan.distributed")
+            msg = distributed.failure_message(e) if distributed is not None else None
+            if msg is None:
+                raise
+            return distributed.stop(f"jaxplan: error: {msg}", distributed.EXIT_LOST)
     except (UsageError, ValueError, KeyError, ImportError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxplan: error: {msg}", file=sys.stderr)
@@ -238,7 +266,7 @@ def _train(args) -> int:
 
     import jax
 
-    multi_process = distributed.initialize(settings)
+    multi_process = distributed.initialize(settings, args.distributed_timeout)
     if multi_process and "num_devices" not in overrides and config.data_parallel_devices == 0:
         config = config.updated({"num_devices": -1})  # one mesh over every process's devices
     writes = distributed.is_writer()
