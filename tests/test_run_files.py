@@ -12,7 +12,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -399,3 +401,46 @@ def test_signals_lock_and_efbig_keep_files_whole_and_resumable(tmp_path):
     assert (tmp_path / "term" / "notes.txt").read_text() == "mine\n"
     ckpt = serialization.msgpack_restore((tmp_path / "kill" / "checkpoint.msgpack").read_bytes())
     assert ckpt["training_iteration"] == after["kill"][-1]["training_iteration"]
+
+
+# ---- multi-process resume --------------------------------------------------------------------
+def two_processes(env: dict, argv: list[str]) -> None:
+    """One CLI run as 2 processes x 2 CPU devices (jax.distributed on 127.0.0.1, gloo)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "jaxplan.cli", "train", "ppo", *argv]
+            + ["--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2"]
+            + ["--process-id", str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+
+
+def test_two_processes_resume_bitwise(tmp_path):
+    """2 processes x 4 iterations, against the same 2 processes resumed from that run's kept
+    iteration-2 checkpoint (the folder a 2-iteration run leaves: its checkpoint, its rows)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    argv = [*TINY, "--config", "sgd_minibatch_size=32", "--no-compile-cache", "--seed", "5"]
+    two_processes(env, [*argv, "--stop-iters", "4", "--output", str(whole)])
+    shutil.copytree(whole, resumed)
+    at_2 = read_checkpoint(resumed, 2)
+    shutil.copy(at_2["path"], resumed / "checkpoint.msgpack")
+    os.truncate(resumed / "result.jsonl", at_2["result_bytes"])
+    assert len(lines(resumed / "result.jsonl")) == 2
+    two_processes(env, [*TINY, "--resume", str(resumed), "--stop-iters", "4"])
+    rows = plain(assert_whole(resumed))
+    assert [r["training_iteration"] for r in rows] == [1, 2, 3, 4]
+    assert rows == plain(lines(whole / "result.jsonl"))
