@@ -1,8 +1,10 @@
 """`jaxplan train ppo --env CartPole-v1 ...`: train, print a line per iteration, write results.
 
 Every iteration's full result goes to `OUTPUT/result.jsonl` (one JSON object per line, RLlib's
-keys, plus `seed`); the resolved config to `OUTPUT/params.json`. An existing `result.jsonl` is
-kept, renamed to `result.N.jsonl`; `--resume DIR` continues the run in DIR from its checkpoint.
+keys, plus `seed`); the resolved config to `OUTPUT/params.json`; the run state to
+`OUTPUT/checkpoint.msgpack` and `OUTPUT/checkpoints/` (layout: `jaxplan.results`). An earlier
+run's files are kept as `NAME.N.SUFFIX`; `--resume DIR` continues the run in DIR. Write errors
+exit 1, SIGINT 130, SIGTERM 143, each with one line.
 Bad flags and config values are one-line errors (exit 2).
 The training loop and the files are `jaxplan.runner.Runner`'s; this module parses and prints.
 """
@@ -77,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue the run whose --output was DIR from its checkpoint (its config and "
         "seeds; new stop flags), appending to its result.jsonl",
+    )
+    train.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="K",
+        help="keep the run state of the last K chunks in OUTPUT/checkpoints/ besides the "
+        "latest and the best by episode_reward_mean (default 3; 0: latest and best only)",
     )
     train.add_argument(
         "--report-every",
@@ -208,6 +218,7 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad flag (already printed as one line)
         return int(e.code or 0)
+    previous = _on_sigterm(_terminate)
     try:
         try:
             return _evaluate(args) if args.command == "evaluate" else _train(args)
@@ -221,12 +232,40 @@ def _main(argv: list[str] | None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxplan: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as e:  # a run file could not be written (the files written stay whole)
+        print(f"jaxplan: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("jaxplan: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("jaxplan: terminated (SIGTERM); the files written are whole", file=sys.stderr)
+        return 143
+    finally:
+        _on_sigterm(previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the run's files are closed whole."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
+def _on_sigterm(handler):
+    """Installs `handler` for SIGTERM where possible (the main thread); returns the old one."""
+    import signal
+    import threading
+
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _check_args(args) -> None:
+    if args.keep_checkpoints < 0:
+        raise UsageError(f"--keep-checkpoints must be >= 0, got {args.keep_checkpoints}")
     for flag in ("stop_timesteps", "stop_iters", "num_seeds", "report_every"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -299,12 +338,11 @@ def _train(args) -> int:
             params,
             writes,
             resume=args.resume is not None,
+            keep_checkpoints=args.keep_checkpoints,
         )
     except OSError as e:
         raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
     say = print if writes else _silent
-    for old, new in runner.writer.kept if runner.writer else ():
-        say(f"jaxplan: kept the previous {old.name} as {new.name}")
     count = config.multiagent.count_steps_by.replace("_", " ")
     say(
         f"jaxplan: PPO on {config.env} | seeds {seeds[0]}..{seeds[-1]} | "
@@ -317,7 +355,9 @@ def _train(args) -> int:
     t_compile = runner.compile().compile_s
     say(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
     t_start = time.perf_counter()
-    for results in runner:
+    for chunk, results in enumerate(runner):
+        for old, new in runner.writer.kept if runner.writer and chunk == 0 else ():
+            say(f"jaxplan: kept the previous run's {old.name} as {new.name}")
         if writes and not args.quiet:
             for _, row in itertools.groupby(results, key=lambda r: r["training_iteration"]):
                 print(_format_line(list(row)), flush=True)

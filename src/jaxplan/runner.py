@@ -6,11 +6,12 @@ from jaxplan.runner import Runner
 
 plan = jaxplan.ppo_plan(env="CartPole-v1")
 runner = Runner(plan, seeds=[0, 1], stop=jaxplan.Stop(episode_reward_mean=475), chunk=10,
-                output="runs/cartpole")          # optional: result.jsonl, checkpoint.msgpack
+                output="runs/cartpole")          # optional: result.jsonl, checkpoints
 print(f"compiled in {runner.compile().compile_s:.1f} s")
-for results in runner:                           # one list per chunk: iterations x live seeds
-    for r in results:
-        print(r["seed"], r["training_iteration"], r["episode_reward_mean"])
+with runner:                                     # releases the folder's lock at the end
+    for results in runner:                       # one list per chunk: iterations x live seeds
+        for r in results:
+            print(r["seed"], r["training_iteration"], r["episode_reward_mean"])
 # or: results = runner.run(on_results=print)     # every result, each chunk's list as it comes
 ```
 """
@@ -62,8 +63,12 @@ class Runner:
 
     With `output` (and `writes`, default: this is process 0) results are appended to
     `output/result.jsonl` per chunk, `params` (default `{"seeds": seeds}`) go to
-    `params.json` and the whole run state to `checkpoint.msgpack`. On a mesh every
-    process checks after each chunk that the policies are replicated bitwise.
+    `params.json` and the whole run state to `checkpoint.msgpack`, the last
+    `keep_checkpoints` chunks' and the best one to `checkpoints/` (`jaxplan.results`: the
+    layout, the folder's lock, earlier runs' files kept, write errors). The lock is taken at
+    once (a second run on the folder raises `FolderInUse`) and released when the run ends or
+    on `close()` (or leaving a `with runner:` block). On a mesh every process checks after
+    each chunk that the policies are replicated bitwise.
 
     `state` is the latest `PlanState` (leading seed axis when there are several seeds),
     `last` maps each seed to its latest result and `done` lists the seeds that stopped.
@@ -73,7 +78,8 @@ class Runner:
     N iterations, then a resumed run, write the rows one longer run writes (wall-clock fields
     aside). The checkpoint's params (config, seeds) and library version must be this run's;
     only the device settings may differ. Seeds whose checkpointed state already meets `stop`
-    are done at once. Single-process runs only, for now.
+    are done at once. In a multi-process run every process reads the checkpoint and places
+    it onto the global shardings.
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class Runner:
         params: dict[str, Any] | None = None,
         writes: bool | None = None,
         resume: bool = False,
+        keep_checkpoints: int = 3,
     ):
         self.plan = plan
         self.seeds = [int(s) for s in seeds]
@@ -95,24 +102,39 @@ class Runner:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         if resume and output is None:
             raise ValueError("resume needs the output folder of the run to continue")
-        if resume and jax.process_count() > 1:
-            raise ValueError("resuming a multi-process run is not supported yet")
         self.stop = stop
         self.chunk = chunk
         self.output = output
         self.params = {"seeds": self.seeds} if params is None else params
         self.resume = resume
         writes = distributed.is_writer() if writes is None else writes
-        self._saved = self._check_checkpoint() if resume else None
         self.writer = None
-        if output is not None and writes:
-            self.writer = ResultWriter(output, self.params, resume=resume)
+        if output is not None and writes:  # the lock first: a busy folder is refused at once
+            self.writer = ResultWriter(output, self.params, keep_checkpoints=keep_checkpoints)
+        try:
+            self._saved = self._check_checkpoint() if resume else None
+        except BaseException:
+            self.close()
+            raise
+        if self.writer is not None and self._saved is not None:
+            self.writer.resume_from(self._saved)
         self.state = None
         self.compile_s: float | None = None
         self.last: dict[int, dict] = {}
         self.done: list[int] = []
         self._chunk_fn = None
         self._elapsed = 0.0
+
+    def close(self) -> None:
+        """Releases the output folder's lock (the run's files stay as written)."""
+        if self.writer is not None:
+            self.writer.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _check_checkpoint(self) -> dict:
         """Reads the checkpoint to resume from and checks, before any compile, that it is
@@ -135,6 +157,13 @@ class Runner:
         """AOT-compiles `init` and one chunk, and initializes the state (once)."""
         if self._chunk_fn is not None:
             return self
+        try:
+            return self._compile()
+        except BaseException:
+            self.close()
+            raise
+
+    def _compile(self) -> Runner:
         plan, stop, n = self.plan, self.stop, self.chunk
 
         def run_chunk(state):
@@ -165,11 +194,10 @@ class Runner:
 
     def _restore(self, placement) -> None:
         """Replaces the fresh state by the checkpointed one, laid out as `placement` (the
-        compiled init's outputs)."""
+        compiled init's outputs; global shardings in a multi-process run: each process puts
+        its own shards)."""
         try:
-            state = serialization.from_state_dict(
-                jax.device_get(self.state), self._saved.pop("state")
-            )
+            state = serialization.from_state_dict(placement, self._saved.pop("state"))
         except (ValueError, KeyError) as e:
             raise ValueError(f"cannot resume: the checkpoint's state does not fit: {e}") from None
         for path, x, p in zip(
@@ -183,7 +211,12 @@ class Runner:
                     f"{np.asarray(x).dtype}{list(np.shape(x))}, this plan's is "
                     f"{p.dtype}{list(p.shape)}"
                 )
-        self.state = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), state, placement)
+
+        def place(x, p):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(p.shape, p.sharding, lambda index: x[index])
+
+        self.state = jax.tree.map(place, state, placement)
         self._elapsed = float(self._saved.get("elapsed_s", 0.0))
         if self.stop is not None:  # seeds that already stopped stay stopped
             met = jax.jit(jax.vmap(self.stop.met) if len(self.seeds) > 1 else self.stop.met)
@@ -191,9 +224,12 @@ class Runner:
             self.done = [seed for seed, m in zip(self.seeds, met, strict=True) if m]
 
     def __iter__(self) -> Iterator[list[dict]]:
-        self.compile()
-        while len(self.done) < len(self.seeds):
-            yield self._run_chunk()
+        try:
+            self.compile()
+            while len(self.done) < len(self.seeds):
+                yield self._run_chunk()
+        finally:  # the run ended, failed, or the loop over it was left
+            self.close()
 
     def run(self, on_results: Callable[[list[dict]], Any] | None = None) -> list[dict]:
         """Runs to the end; calls `on_results` with each chunk's results; returns them all."""
@@ -237,6 +273,5 @@ class Runner:
                 else jax.device_get(self.state)
             )
             if self.writer is not None:
-                self.writer.write(out)
-                self.writer.checkpoint(self.seeds, state, self._elapsed)
+                self.writer.write_chunk(out, self.seeds, state, self._elapsed)
         return out
