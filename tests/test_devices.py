@@ -180,6 +180,7 @@ def test_two_processes_match_one_process(launched):
     assert "jaxplan" not in outs[1][0] and "iter" not in outs[1][0]
     assert sorted(f.name for f in multi_dir.iterdir()) == [
         "checkpoint.msgpack",
+        "checkpoints",
         "params.json",
         "result.jsonl",
     ]
