@@ -151,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sample actions (default: deterministic, RLlib's explore=False)",
     )
+    evaluate.add_argument(
+        "--checkpoint",
+        default="latest",
+        metavar="latest|best|N",
+        help="which kept checkpoint: the latest (default), the best by episode_reward_mean, "
+        "or that of iteration N",
+    )
     evaluate.add_argument("--seed", type=int, default=0, help="key of the episodes (default 0)")
     evaluate.add_argument("--json", action="store_true", help="one JSON result per seed")
     return parser
@@ -380,7 +387,8 @@ def _evaluate(args) -> int:
     from jaxplan.results import finite
     from jaxplan.trained import load_run
 
-    run = load_run(args.directory)
+    which = int(args.checkpoint) if args.checkpoint.isdigit() else args.checkpoint
+    run = load_run(args.directory, which)
     episodes = args.episodes or run.config.evaluation_episodes
     results = run.evaluate(num_episodes=episodes, explore=args.explore, seed=args.seed)
     how = "sampled" if args.explore else "deterministic"
@@ -392,7 +400,8 @@ def _evaluate(args) -> int:
             f"jaxplan: seed {r['seed']}: episode_reward_mean {r['episode_reward_mean']:.2f} "
             f"(min {r['episode_reward_min']:.2f}, max {r['episode_reward_max']:.2f}), "
             f"episode_len_mean {r['episode_len_mean']:.1f} over {r['episodes_this_iter']} "
-            f"of {episodes} episodes ({how} actions, {run.config.env})"
+            f"of {episodes} episodes ({how} actions, {run.config.env}, checkpoint of "
+            f"iteration {run.iteration})"
         )
     return 0
 

@@ -405,14 +405,14 @@ def read_checkpoint(directory: str | os.PathLike, which: str | int = "latest") -
     paths = checkpoint_paths(directory)
     if which not in paths:
         if which == "latest":
-            raise ValueError(f"cannot resume: no checkpoint at {directory / 'checkpoint.msgpack'}")
+            raise ValueError(f"no checkpoint at {directory / 'checkpoint.msgpack'}")
         kept = ", ".join(str(k) for k in paths) or "none"
         raise ValueError(f"no checkpoint {which!r} in {directory} (kept: {kept})")
     path = paths[which]
     raw = serialization.msgpack_restore(path.read_bytes())
     if not isinstance(raw, dict) or not {"jaxplan_version", "params", "state"} <= set(raw):
         raise ValueError(
-            f"cannot resume from {path}: not a whole-run checkpoint (written by an older "
+            f"{path}: not a whole-run checkpoint (written by an older "
             "jaxplan that kept only policies and counters)"
         )
     return {**raw, "params": json.loads(raw["params"]), "path": str(path)}

@@ -141,7 +141,10 @@ class Runner:
         this run's: same library version, same params (config, seeds) up to device settings."""
         from jaxplan import __version__
 
-        raw = read_checkpoint(self.output)
+        try:
+            raw = read_checkpoint(self.output)
+        except ValueError as e:
+            raise ValueError(f"cannot resume: {e}") from None
         if raw["jaxplan_version"] != __version__:
             raise ValueError(
                 f"cannot resume: the checkpoint was written by jaxplan "

@@ -32,9 +32,11 @@ _ONE_DEVICE = {"num_devices": 0, "num_gpus": 0, "_fake_gpus": False}
 @dataclasses.dataclass
 class TrainedRun:
     """A run's resolved `config`, its `plan` rebuilt on one device, its `seeds` and its
-    checkpointed `state` (host arrays; leading seed axis when there are several seeds)."""
+    checkpointed `state` (host arrays, leading seed axis when there are several seeds) of
+    training iteration `iteration`."""
 
     directory: Path
+    iteration: int
     config: PPOConfig
     plan: Plan
     seeds: list[int]
@@ -77,10 +79,12 @@ class TrainedRun:
         ]
 
 
-def load_run(directory: str | os.PathLike) -> TrainedRun:
-    """Reads `directory/params.json` (the config and seeds) and its checkpoint (the whole run
-    state) and rebuilds the run's plan on one device (device settings do not change the
-    state). Raises `ValueError` naming the file when either is missing or not a jaxplan run's."""
+def load_run(directory: str | os.PathLike, which: str | int = "latest") -> TrainedRun:
+    """Reads `directory/params.json` (the config and seeds) and one of its checkpoints (the
+    whole run state; `which`: `"latest"`, `"best"` or a kept iteration, see
+    `jaxplan.results.read_checkpoint`) and rebuilds the run's plan on one device (device
+    settings do not change the state). Raises `ValueError` naming the file when either is
+    missing or not a jaxplan run's."""
     from jaxplan.ppo.plan import build_workers, execution_plan
 
     directory = Path(directory)
@@ -94,7 +98,7 @@ def load_run(directory: str | os.PathLike) -> TrainedRun:
     config = PPOConfig.from_dict(params["config"]).updated(_ONE_DEVICE)
     plan = execution_plan(build_workers(config), config)
     seeds = [int(s) for s in params["seeds"]]
-    raw = read_checkpoint(directory)
+    raw = read_checkpoint(directory, which)
     init = plan.init if len(seeds) == 1 else jax.vmap(plan.init)
     keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
     target = jax.eval_shape(init, keys[0] if len(seeds) == 1 else keys)
@@ -111,4 +115,5 @@ def load_run(directory: str | os.PathLike) -> TrainedRun:
                 f"{directory}: the checkpoint's state{jax.tree_util.keystr(path)} has shape "
                 f"{list(np.shape(x))}, the run's plan {list(t.shape)}"
             )
-    return TrainedRun(directory, config, plan, seeds, state)
+    iteration = int(np.max(state.counters.training_iteration))
+    return TrainedRun(directory, iteration, config, plan, seeds, state)
