@@ -13,11 +13,13 @@ import numpy as np
 from jaxplan.batch import LearnerInfo, MultiAgentBatch, TrainOutput
 from jaxplan.counters import Counter, counter_value
 from jaxplan.flow import Flow, Plan, Result
+from jaxplan.stages.train_one_step import NONFINITE_STATS
 from jaxplan.workers import EpisodeWindow, PlanState, WorkerSet
 
 
 def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
-    """Mean/min/max return and mean length over the window (NaN before the first episode)."""
+    """Mean/min/max return and mean length over the window (NaN before the first episode),
+    and how many of its episodes have a non-finite return."""
     size = window.returns.shape[0]
     valid = jnp.arange(size) < jnp.minimum(window.num_episodes, size)
     count = jnp.sum(valid)
@@ -28,6 +30,9 @@ def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
 
     return {
         "episode_reward_mean": masked_mean(window.returns),
+        # episodes of the window whose return is NaN or infinite (the env's rewards were):
+        # episode_reward_mean is then not finite either, and this says why
+        "episodes_nonfinite": jnp.sum(valid & ~jnp.isfinite(window.returns)),
         "episode_reward_min": jnp.where(
             count > 0, jnp.min(jnp.where(valid, window.returns, jnp.inf)), nan
         ),
@@ -110,17 +115,24 @@ def _policy_rewards(state: PlanState) -> dict[str, dict[str, jax.Array]]:
     return out
 
 
-def result_to_host(result: Result) -> dict:
-    """Device result (already fetched) -> nested dict of Python ints and floats."""
+_NAMED_CODES = {"first_nonfinite_stat": NONFINITE_STATS}
+"""Result keys whose int code names an entry (code 0: None; `k`: entry `k - 1`)."""
 
-    def convert(x):
+
+def result_to_host(result: Result) -> dict:
+    """Device result (already fetched) -> nested dict of Python ints and floats (and the
+    names of coded entries such as `first_nonfinite_stat`)."""
+
+    def convert(x, key=None):
         if isinstance(x, Counter):
             return counter_value(x)
         if isinstance(x, dict):
-            return {k: convert(v) for k, v in x.items()}
+            return {k: convert(v, k) for k, v in x.items()}
         a = np.asarray(x)
         if a.ndim:
             return a.tolist()
+        if key in _NAMED_CODES:
+            return _NAMED_CODES[key][int(a) - 1] if int(a) > 0 else None
         return int(a) if np.issubdtype(a.dtype, np.integer) else float(a)
 
     return convert(result)
