@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 from jax.experimental import multihost_utils
+from jax.extend import core as jax_core
 
 from jaxplan import distributed
 from jaxplan.flow import Plan
@@ -77,7 +78,7 @@ def estimate_bytes(jaxpr: Any, state: Any) -> tuple[int, int]:
     while todo:
         for eqn in todo.pop().eqns:
             largest = max(largest, nbytes(v.aval for v in eqn.outvars))
-            for sub in jax.core.jaxprs_in_params(eqn.params):
+            for sub in jax_core.jaxprs_in_params(eqn.params):
                 todo.append(sub)
     return nbytes(jax.tree.leaves(state)), largest
 
@@ -340,7 +341,10 @@ class Runner:
         for r in results:
             learner = r.get("info", {}).get("learner", {})
             skipped = {
-                pid: info["learner_stats"]
+                pid: {
+                    **info["learner_stats"],
+                    "first_nonfinite_stat": info.get("first_nonfinite_stat"),
+                }
                 for pid, info in learner.items()
                 if info.get("learner_stats", {}).get("num_nonfinite_updates", 0) > 0
             }

@@ -13,13 +13,12 @@ import numpy as np
 from jaxplan.batch import LearnerInfo, MultiAgentBatch, TrainOutput
 from jaxplan.counters import Counter, counter_value
 from jaxplan.flow import Flow, Plan, Result
-from jaxplan.stages.train_one_step import NONFINITE_STATS
+from jaxplan.stages.train_one_step import NONFINITE_CODE, NONFINITE_STATS
 from jaxplan.workers import EpisodeWindow, PlanState, WorkerSet
 
 
 def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
-    """Mean/min/max return and mean length over the window (NaN before the first episode),
-    and how many of its episodes have a non-finite return."""
+    """Mean/min/max return and mean length over the window (NaN before the first episode)."""
     size = window.returns.shape[0]
     valid = jnp.arange(size) < jnp.minimum(window.num_episodes, size)
     count = jnp.sum(valid)
@@ -30,9 +29,6 @@ def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
 
     return {
         "episode_reward_mean": masked_mean(window.returns),
-        # episodes of the window whose return is NaN or infinite (the env's rewards were):
-        # episode_reward_mean is then not finite either, and this says why
-        "episodes_nonfinite": jnp.sum(valid & ~jnp.isfinite(window.returns)),
         "episode_reward_min": jnp.where(
             count > 0, jnp.min(jnp.where(valid, window.returns, jnp.inf)), nan
         ),
@@ -41,6 +37,13 @@ def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
         ),
         "episode_len_mean": masked_mean(window.lengths),
     }
+
+
+def nonfinite_episodes(window: EpisodeWindow) -> jax.Array:
+    """int32: episodes of the window whose return is NaN or infinite (the env's rewards were;
+    `episode_reward_mean` is then not finite either, and this says why)."""
+    valid = jnp.arange(window.returns.shape[0]) < window.num_episodes
+    return jnp.sum(valid & ~jnp.isfinite(window.returns))
 
 
 def learner_info_of(item: Any) -> LearnerInfo:
@@ -73,6 +76,7 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet) -> Plan:  # noqa: N
         episodes = state.episodes
         result = {
             **episode_stats(episodes),
+            "episodes_nonfinite": nonfinite_episodes(episodes),
             "episodes_this_iter": episodes.episodes_this_iter,
             "episodes_total": episodes.num_episodes,
             "timesteps_total": counters.num_steps_sampled,
@@ -115,7 +119,7 @@ def _policy_rewards(state: PlanState) -> dict[str, dict[str, jax.Array]]:
     return out
 
 
-_NAMED_CODES = {"first_nonfinite_stat": NONFINITE_STATS}
+_NAMED_CODES = {NONFINITE_CODE: NONFINITE_STATS}
 """Result keys whose int code names an entry (code 0: None; `k`: entry `k - 1`)."""
 
 

@@ -41,6 +41,9 @@ NONFINITE_STATS = (
 the first non-finite loss term (when the total loss is not finite), the total loss, then the
 gradients, the new params and the new optimizer state."""
 
+NONFINITE_CODE = "first_nonfinite_stat"
+"""The key of that code in `sgd_epochs`' stats and in `learner_info[pid]`."""
+
 
 def all_finite(tree: Any) -> jax.Array:
     """bool scalar: every float leaf of `tree` is finite (True without float leaves)."""
@@ -84,8 +87,8 @@ def sgd_epochs(
     """Runs the epochs; returns the new state and each statistic's mean over all minibatches
     of all epochs, plus `num_nonfinite_updates` (int32: minibatch updates not applied because
     the loss, the gradients or the new params / optimizer state were not finite) and
-    `first_nonfinite_stat` (int32 code of the first such minibatch's culprit, 0 if none;
-    `NONFINITE_STATS[code - 1]` names it).
+    `first_nonfinite_stat` (`NONFINITE_CODE`: int32 code of the first such minibatch's
+    culprit, 0 if none; `NONFINITE_STATS[code - 1]` names it).
 
     `batch` is the whole train batch. With `axis_name` (data-parallel inside `shard_map`, the
     same `batch`, `pstate` and `key` on every device) each device computes the loss on its
@@ -118,7 +121,7 @@ def sgd_epochs(
     stats = jax.tree.map(jnp.mean, stats)
     skipped = codes.reshape(-1) > 0
     stats["num_nonfinite_updates"] = jnp.sum(skipped.astype(jnp.int32))
-    stats["first_nonfinite_stat"] = codes.reshape(-1)[jnp.argmax(skipped)]  # 0 if none
+    stats[NONFINITE_CODE] = codes.reshape(-1)[jnp.argmax(skipped)]  # 0 if none
     return pstate, stats
 
 
@@ -137,8 +140,9 @@ class TrainOneStep(Stage):
 
     A minibatch update whose loss, gradients or new params / optimizer state are not finite
     is not applied (the policy keeps its state for that minibatch); `learner_stats` count
-    them (`num_nonfinite_updates`, `first_nonfinite_stat`: see `sgd_epochs`), and
-    `learner_info[pid]["num_nonfinite_rewards"]` counts the batch's NaN/inf rewards.
+    them (`learner_stats.num_nonfinite_updates`; `learner_info[pid]["first_nonfinite_stat"]`
+    names the first culprit: see `sgd_epochs`), and `learner_info[pid]
+    ["num_nonfinite_rewards"]` counts the batch's NaN/inf rewards.
     """
 
     def __init__(
@@ -203,7 +207,8 @@ class TrainOneStep(Stage):
                 shuffle=self.shuffle_sequences,
                 axis_name=axis,
             )
-            info = {"learner_stats": stats}
+            # the culprit's code stays out of learner_stats (numbers, RLlib's): named on the host
+            info = {"learner_stats": stats, "first_nonfinite_stat": stats.pop(NONFINITE_CODE)}
             if sb.REWARDS in pb:  # rows of the train batch whose sampled reward is NaN or inf
                 bad_rewards = ~jnp.isfinite(pb[sb.REWARDS])
                 info["num_nonfinite_rewards"] = jnp.sum(bad_rewards.astype(jnp.int32))
