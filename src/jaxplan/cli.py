@@ -175,7 +175,7 @@ def _load_file(path: str) -> dict[str, Any]:
 
             data = yaml.safe_load(text)
     except json.JSONDecodeError as e:
-        raise UsageError(f"--config {path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        raise UsageError(f"--config {path}:{e.lineno}:{e.colno}: cannot parse: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - any parse error is the user's file
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
