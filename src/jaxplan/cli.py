@@ -15,7 +15,11 @@ import argparse
 import itertools
 import json
 import math
+import os
+import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-compile-cache",
         action="store_true",
         help="do not use the persistent XLA compilation cache",
+    )
+    train.add_argument(
+        "--max-nonfinite-iters",
+        type=int,
+        default=3,
+        metavar="N",
+        help="stop (exit 1) after N iterations in a row whose updates were skipped as "
+        "non-finite (NaN/inf loss, gradients or params); 0 = never stop (default 3)",
     )
     train.add_argument("--quiet", action="store_true", help="no per-iteration lines")
     dev = train.add_argument_group(
@@ -195,6 +207,10 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
+_YAML_FLOAT_AS_STRING = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""Exponent floats that YAML 1.1 (PyYAML) reads as strings: `1e-3` (it needs `1.0e-3`)."""
+
+
 def _load_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
@@ -207,11 +223,38 @@ def _load_file(path: str) -> dict[str, Any]:
             import yaml
 
             data = yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--config {path}:{e.lineno}:{e.colno}: cannot parse: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - any parse error is the user's file
-        raise UsageError(f"--config {path}: cannot parse ({type(e).__name__}: {e})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())  # one line
+        context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and start is not None and mark is not None and start.line != mark.line:
+            what = f"{what} ({context} at line {start.line + 1})"
+        raise UsageError(f"--config {path}{where}: cannot parse: {what}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: expected a mapping of config keys")
+    if p.suffix != ".json":
+        _refuse_yaml_strings(path, data)
     return data
+
+
+def _refuse_yaml_strings(path: str, data: Any, key: str = "") -> None:
+    """Refuses strings that YAML 1.1 read from what was meant as a number (`lr: 1e-3`)."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            _refuse_yaml_strings(path, v, f"{key}.{k}" if key else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            _refuse_yaml_strings(path, v, f"{key}[{i}]")
+    elif isinstance(data, str) and _YAML_FLOAT_AS_STRING.fullmatch(data):
+        mantissa, _, exponent = data.lower().partition("e")
+        dotted = mantissa if "." in mantissa else mantissa + ".0"
+        raise UsageError(
+            f"--config {path}: {key}: {data}: YAML 1.1 reads {data} as a string; write "
+            f"{float(data)!r} or {dotted}e{exponent}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,6 +269,7 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as e:  # --help, or a bad flag (already printed as one line)
         return int(e.code or 0)
     previous = _on_sigterm(_terminate)
+    on_sigint = signal.getsignal(signal.SIGINT)
     try:
         try:
             return _evaluate(args) if args.command == "evaluate" else _train(args)
@@ -248,8 +292,10 @@ def _main(argv: list[str] | None) -> int:
     except Terminated:
         print("jaxplan: terminated (SIGTERM); the files written are whole", file=sys.stderr)
         return 143
-    finally:
+    finally:  # _train may have stopped in between deferring and restoring Ctrl-C
         _on_sigterm(previous)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, on_sigint)
 
 
 class Terminated(BaseException):
@@ -281,6 +327,14 @@ def _check_args(args) -> None:
         raise UsageError(f"--stop-reward must be finite, got {args.stop_reward}")
     if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    last = (args.seed or 0) + (args.num_seeds or 1) - 1
+    if last >= 2**32:
+        raise UsageError(
+            f"--seed {args.seed} --num-seeds {args.num_seeds or 1}: seeds must be < 2**32 "
+            f"({2**32:,}; PRNG keys are uint32), the last would be {last}"
+        )
+    if args.max_nonfinite_iters < 0:
+        raise UsageError(f"--max-nonfinite-iters must be >= 0, got {args.max_nonfinite_iters}")
     if args.resume is not None and args.output not in (None, args.resume):
         raise UsageError(f"--resume {args.resume} writes to that folder; drop --output")
 
@@ -318,8 +372,9 @@ def _train(args) -> int:
     writes = distributed.is_writer()
     from jaxplan.ppo.plan import build_workers, execution_plan
     from jaxplan.run import Stop
-    from jaxplan.runner import Runner, enable_compile_cache
+    from jaxplan.runner import NonFiniteTraining, Runner, enable_compile_cache
 
+    interrupts = _defer_interrupts()  # until compiled: XLA must not see a KeyboardInterrupt
     if not args.no_compile_cache and not multi_process:
         enable_compile_cache()
     workers = build_workers(config)
@@ -346,6 +401,7 @@ def _train(args) -> int:
             writes,
             resume=args.resume is not None,
             keep_checkpoints=args.keep_checkpoints,
+            max_nonfinite_iters=args.max_nonfinite_iters or None,
         )
     except OSError as e:
         raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
@@ -360,14 +416,21 @@ def _train(args) -> int:
         flush=True,
     )
     t_compile = runner.compile().compile_s
+    _restore_interrupts(interrupts)
     say(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
     t_start = time.perf_counter()
-    for chunk, results in enumerate(runner):
-        for old, new in runner.writer.kept if runner.writer and chunk == 0 else ():
-            say(f"jaxplan: kept the previous run's {old.name} as {new.name}")
-        if writes and not args.quiet:
-            for _, row in itertools.groupby(results, key=lambda r: r["training_iteration"]):
-                print(_format_line(list(row)), flush=True)
+    warned: set[int] = set()
+    try:
+        for chunk, results in enumerate(runner):
+            for old, new in runner.writer.kept if runner.writer and chunk == 0 else ():
+                say(f"jaxplan: kept the previous run's {old.name} as {new.name}")
+            _print_results(args, results, writes, warned)
+    except NonFiniteTraining as e:
+        _print_results(args, e.results, writes, warned)
+        print(f"jaxplan: error: training is not finite: {e}", file=sys.stderr)
+        if runner.writer:
+            print(f"jaxplan: the last finite run state is in {runner.writer.checkpoint_path}")
+        return 1
     if writes:
         _print_summary(args, runner, time.perf_counter() - t_start, t_compile)
     if runner.writer:
@@ -404,6 +467,56 @@ def _evaluate(args) -> int:
             f"iteration {run.iteration})"
         )
     return 0
+
+
+def _print_results(args, results: list[dict], writes: bool, warned: set[int]) -> None:
+    """Per-iteration lines, and once per seed a warning when the env's rewards are not
+    finite (episode_reward_mean is then NaN, written as null)."""
+    if not writes:
+        return
+    for r in results:
+        learner = r.get("info", {}).get("learner", {})
+        rewards = sum(info.get("num_nonfinite_rewards", 0) for info in learner.values())
+        episodes = r.get("episodes_nonfinite", 0)
+        if (rewards or episodes) and r["seed"] not in warned:
+            warned.add(r["seed"])
+            print(
+                f"jaxplan: warning: seed {r['seed']}, iteration {r['training_iteration']}: the "
+                f"env's rewards are not finite ({rewards} NaN/inf rewards in the train batch, "
+                f"{episodes} episodes of the window with a NaN/inf return)",
+                file=sys.stderr,
+                flush=True,
+            )
+    if not args.quiet:
+        for _, row in itertools.groupby(results, key=lambda r: r["training_iteration"]):
+            print(_format_line(list(row)), flush=True)
+
+
+def _defer_interrupts():
+    """Until `_restore_interrupts`, SIGINT (Ctrl-C) is only recorded: raised inside XLA's
+    compiler a KeyboardInterrupt could abort the process or be swallowed. A second Ctrl-C
+    exits at once (130). Returns what `_restore_interrupts` needs."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pending: list[int] = []
+
+    def record(signum, frame):
+        if pending:
+            os.write(2, b"jaxplan: interrupted\n")
+            os._exit(130)
+        pending.append(signum)
+
+    return signal.signal(signal.SIGINT, record), pending
+
+
+def _restore_interrupts(deferred) -> None:
+    """The previous SIGINT handler again; a Ctrl-C recorded meanwhile raises now."""
+    if deferred is None:
+        return
+    previous, pending = deferred
+    signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _saved_params(directory: Path) -> dict:

@@ -73,7 +73,9 @@ class Env:
                     f"Unknown env_config key(s) {unknown} for {name}; valid keys: "
                     f"{', '.join(f.name for f in dataclasses.fields(params))}"
                 )
-            params = params.replace(**env_params)
+            params = params.replace(
+                **{k: _param_value(name, k, v, getattr(params, k)) for k, v in env_params.items()}
+            )
         self.params = params
         obs_space = self._env.observation_space(params)
         self.observation_shape: tuple[int, ...] = tuple(obs_space.shape)
@@ -114,6 +116,41 @@ class Env:
 
     def __repr__(self):
         return f"Env({self.name!r}, obs={self.observation_shape}, actions={self.action_space})"
+
+
+def _param_value(env: str, key: str, value: Any, default: Any) -> Any:
+    """`env_config[key]` as the type of the env's default param (a bool, an int, a float, or
+    an array of that shape); raises `ValueError` naming the key and the expected type."""
+    expected = None
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            expected = "true or false"
+    elif isinstance(default, int | float):
+        integral = isinstance(value, float) and value.is_integer()
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            expected = "an integer" if isinstance(default, int) else "a number"
+        elif isinstance(default, int):
+            if not (isinstance(value, int) or integral):
+                expected = "an integer"
+            value = int(value) if expected is None else value
+        else:
+            value = float(value)
+    else:  # an array param (e.g. Acrobot's available_torque)
+        shape = np.shape(default)
+        try:
+            array = np.asarray(value, dtype=np.asarray(default).dtype)
+            ok = array.shape == shape and not isinstance(value, str | bool)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            expected = f"numbers of shape {list(shape)}"
+        value = jnp.asarray(array) if ok else value
+    if expected is not None:
+        raise ValueError(
+            f"env_config[{key!r}] = {value!r}: {env}'s {key} must be {expected} "
+            f"(default {np.asarray(default).tolist()!r})"
+        )
+    return value
 
 
 def _convert_space(name: str, space: Any) -> ActionSpace:

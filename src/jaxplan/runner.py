@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 from jax.experimental import multihost_utils
+from jax.extend import core as jax_core
 
 from jaxplan import distributed
 from jaxplan.flow import Plan
@@ -51,6 +52,72 @@ def enable_compile_cache(directory: str | os.PathLike | None = None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     except Exception:  # noqa: BLE001 - the cache is an optimisation only
         pass
+
+
+class NonFiniteTraining(RuntimeError):
+    """Training stopped: updates were non-finite for `max_nonfinite_iters` iterations in a row."""
+
+
+def _finite_policies(policies: Any) -> bool:
+    """Every float leaf of the policies (params, optimizer state, kl_coeff) is finite."""
+    return all(
+        np.all(np.isfinite(x))
+        for x in jax.tree.leaves(policies)
+        if np.issubdtype(np.asarray(x).dtype, np.inexact)
+    )
+
+
+def estimate_bytes(jaxpr: Any, state: Any) -> tuple[int, int]:
+    """`(state bytes, largest value's bytes)` of a traced program: its state, and the largest
+    output of any one operation inside it (the train batch, typically), from shapes only."""
+
+    def nbytes(avals):
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in avals if hasattr(a, "shape"))
+
+    largest = 0
+    todo = [jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr]
+    while todo:
+        for eqn in todo.pop().eqns:
+            largest = max(largest, nbytes(v.aval for v in eqn.outvars))
+            for sub in jax_core.jaxprs_in_params(eqn.params):
+                todo.append(sub)
+    return nbytes(jax.tree.leaves(state)), largest
+
+
+def available_bytes(workers: Any) -> int | None:
+    """Memory the run may use: the host's MemAvailable on CPU, else the devices' limits."""
+    devices = list(workers.mesh.devices.flat) if workers.mesh is not None else [jax.devices()[0]]
+    if devices[0].platform == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    return None if None in limits else sum(limits)
+
+
+def check_memory(jaxpr: Any, state: Any, workers: Any) -> None:
+    """Refuses, before compiling, a program whose state plus twice its largest value (the
+    train batch and a copy) cannot fit in `available_bytes`."""
+    state_bytes, largest = estimate_bytes(jaxpr, state)
+    need, have = state_bytes + 2 * largest, available_bytes(workers)
+    if have is not None and need > have:
+        gib = 2.0**30
+        raise ValueError(
+            f"the run needs about {need / gib:.1f} GiB (state {state_bytes / gib:.1f} GiB + 2 x "
+            f"its largest buffer, {largest / gib:.1f} GiB), more than the {have / gib:.1f} GiB "
+            f"available; {workers.num_actor_groups} actor groups x "
+            f"{workers.num_envs_per_worker} envs x {workers.rollout_fragment_length} steps: "
+            "use fewer envs (num_workers, num_envs_per_worker), a shorter "
+            "rollout_fragment_length or a smaller train_batch_size"
+        )
 
 
 class Runner:
@@ -80,6 +147,13 @@ class Runner:
     only the device settings may differ. Seeds whose checkpointed state already meets `stop`
     are done at once. In a multi-process run every process reads the checkpoint and places
     it onto the global shardings.
+
+    An update whose loss, gradients or new params are not finite is skipped inside the step
+    (`learner_stats.num_nonfinite_updates`, `first_nonfinite_stat`); once a seed has
+    `max_nonfinite_iters` iterations in a row with skipped updates (None: never), iterating
+    raises `NonFiniteTraining` naming the seed, the iteration and the statistic, after
+    writing that chunk (the params are the last finite ones). Before compiling, a program
+    whose buffers cannot fit in memory is refused with the estimate (`check_memory`).
     """
 
     def __init__(
@@ -93,11 +167,19 @@ class Runner:
         writes: bool | None = None,
         resume: bool = False,
         keep_checkpoints: int = 3,
+        max_nonfinite_iters: int | None = 3,
     ):
         self.plan = plan
         self.seeds = [int(s) for s in seeds]
         if not self.seeds:
             raise ValueError("Runner needs at least one seed")
+        bad = [s for s in self.seeds if not 0 <= s < 2**32]
+        if bad:
+            raise ValueError(f"seeds must be in [0, 2**32) (PRNG keys are uint32), got {bad}")
+        if max_nonfinite_iters is not None and max_nonfinite_iters < 1:
+            raise ValueError(f"max_nonfinite_iters must be >= 1 or None, got {max_nonfinite_iters}")
+        self.max_nonfinite_iters = max_nonfinite_iters
+        self._nonfinite_streak = dict.fromkeys(self.seeds, 0)
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         if resume and output is None:
@@ -177,12 +259,15 @@ class Runner:
         keys = np.asarray(jax.vmap(jax.random.PRNGKey)(jnp.asarray(self.seeds, jnp.uint32)))
         if len(self.seeds) > 1:  # a vmap of one seed would cost compile time for nothing
             init = jax.jit(jax.vmap(plan.init)).lower(keys).compile()
-            compiled = jax.jit(jax.vmap(run_chunk), donate_argnums=0)
-            self._chunk_fn = compiled.lower(init.out_info).compile()
+            traced = jax.jit(jax.vmap(run_chunk), donate_argnums=0).trace(init.out_info)
+            check_memory(traced.jaxpr, init.out_info, self.plan.workers)
+            self._chunk_fn = traced.lower().compile()
             self.state = init(keys)
         else:
             init = jax.jit(plan.init).lower(keys[0]).compile()
-            compiled = jax.jit(run_chunk, donate_argnums=0).lower(init.out_info).compile()
+            traced = jax.jit(run_chunk, donate_argnums=0).trace(init.out_info)
+            check_memory(traced.jaxpr, init.out_info, self.plan.workers)
+            compiled = traced.lower().compile()
 
             def chunk_fn(state):
                 state, results = compiled(state)
@@ -265,6 +350,7 @@ class Runner:
                 self.last[seed] = r
                 out.append(r)
         self._elapsed += self.chunk * per_iter
+        failed = self._count_nonfinite(out)
         if self.plan.workers.mesh is not None:  # collective: every process, every chunk
             distributed.check_replicated(self.state.policies, "policies")
         multi_process = jax.process_count() > 1
@@ -276,5 +362,38 @@ class Runner:
                 else jax.device_get(self.state)
             )
             if self.writer is not None:
-                self.writer.write_chunk(out, self.seeds, state, self._elapsed)
+                if _finite_policies(state.policies):  # never a checkpoint of such a state
+                    self.writer.write_chunk(out, self.seeds, state, self._elapsed)
+                elif failed is None:
+                    failed = NonFiniteTraining("the policies' params are not finite")
+        if failed is not None:
+            failed.results = out  # this chunk's results, for whoever prints them
+            raise failed
         return out
+
+    def _count_nonfinite(self, results: list[dict]) -> NonFiniteTraining | None:
+        """Counts each seed's iterations in a row with updates skipped as non-finite; the
+        error to raise once a seed reaches `max_nonfinite_iters` of them (else None)."""
+        failed = None
+        for r in results:
+            learner = r.get("info", {}).get("learner", {})
+            skipped = {
+                pid: {
+                    **info["learner_stats"],
+                    "first_nonfinite_stat": info.get("first_nonfinite_stat"),
+                }
+                for pid, info in learner.items()
+                if info.get("learner_stats", {}).get("num_nonfinite_updates", 0) > 0
+            }
+            seed = r["seed"]
+            self._nonfinite_streak[seed] = self._nonfinite_streak[seed] + 1 if skipped else 0
+            limit = self.max_nonfinite_iters
+            if failed is None and limit is not None and self._nonfinite_streak[seed] >= limit:
+                pid, stats = next(iter(skipped.items()))
+                failed = NonFiniteTraining(
+                    f"seed {seed}, iteration {r['training_iteration']}: {limit} iteration(s) in "
+                    f"a row with non-finite updates ({stats['num_nonfinite_updates']} skipped "
+                    f"for {pid}, first non-finite: {stats.get('first_nonfinite_stat')}); the "
+                    "params are the last finite ones"
+                )
+        return failed

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -210,6 +211,14 @@ class PPOConfig:
             if not ok:
                 raise ValueError(f"config[{key!r}] = {_lookup(self, key)!r}: {msg}")
 
+        for key, value in _numbers(self.to_dict()):  # env_config and schedules included
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"config[{key!r}] = {value!r}: must be finite (not NaN/inf)")
+            if isinstance(value, int) and not -(2**31) <= value < 2**31:
+                raise ValueError(
+                    f"config[{key!r}] = {value!r}: out of range; integers must be within "
+                    f"+-2**31 ({2**31:,}), the devices' int32"
+                )
         for key in (
             "num_envs_per_worker",
             "rollout_fragment_length",
@@ -370,6 +379,19 @@ def preset_config(env: str, overrides: Mapping[str, Any] | None = None) -> PPOCo
 
 
 # ---- helpers ------------------------------------------------------------------------------
+def _numbers(tree: Any, prefix: str = "") -> typing.Iterator[tuple[str, int | float]]:
+    """`(dotted key, value)` of every int or float (not bool) in a nested dict / list, with
+    list items keyed as `key[i]`."""
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            yield from _numbers(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            yield from _numbers(v, f"{prefix}[{i}]")
+    elif isinstance(tree, int | float) and not isinstance(tree, bool):
+        yield prefix, tree
+
+
 def _plain(v):
     if isinstance(v, tuple):
         return list(v)

@@ -13,6 +13,7 @@ import numpy as np
 from jaxplan.batch import LearnerInfo, MultiAgentBatch, TrainOutput
 from jaxplan.counters import Counter, counter_value
 from jaxplan.flow import Flow, Plan, Result
+from jaxplan.stages.train_one_step import NONFINITE_CODE, NONFINITE_STATS
 from jaxplan.workers import EpisodeWindow, PlanState, WorkerSet
 
 
@@ -36,6 +37,13 @@ def episode_stats(window: EpisodeWindow) -> dict[str, jax.Array]:
         ),
         "episode_len_mean": masked_mean(window.lengths),
     }
+
+
+def nonfinite_episodes(window: EpisodeWindow) -> jax.Array:
+    """int32: episodes of the window whose return is NaN or infinite (the env's rewards were;
+    `episode_reward_mean` is then not finite either, and this says why)."""
+    valid = jnp.arange(window.returns.shape[0]) < window.num_episodes
+    return jnp.sum(valid & ~jnp.isfinite(window.returns))
 
 
 def learner_info_of(item: Any) -> LearnerInfo:
@@ -68,6 +76,7 @@ def StandardMetricsReporting(flow: Flow, workers: WorkerSet) -> Plan:  # noqa: N
         episodes = state.episodes
         result = {
             **episode_stats(episodes),
+            "episodes_nonfinite": nonfinite_episodes(episodes),
             "episodes_this_iter": episodes.episodes_this_iter,
             "episodes_total": episodes.num_episodes,
             "timesteps_total": counters.num_steps_sampled,
@@ -110,17 +119,24 @@ def _policy_rewards(state: PlanState) -> dict[str, dict[str, jax.Array]]:
     return out
 
 
-def result_to_host(result: Result) -> dict:
-    """Device result (already fetched) -> nested dict of Python ints and floats."""
+_NAMED_CODES = {NONFINITE_CODE: NONFINITE_STATS}
+"""Result keys whose int code names an entry (code 0: None; `k`: entry `k - 1`)."""
 
-    def convert(x):
+
+def result_to_host(result: Result) -> dict:
+    """Device result (already fetched) -> nested dict of Python ints and floats (and the
+    names of coded entries such as `first_nonfinite_stat`)."""
+
+    def convert(x, key=None):
         if isinstance(x, Counter):
             return counter_value(x)
         if isinstance(x, dict):
-            return {k: convert(v) for k, v in x.items()}
+            return {k: convert(v, k) for k, v in x.items()}
         a = np.asarray(x)
         if a.ndim:
             return a.tolist()
+        if key in _NAMED_CODES:
+            return _NAMED_CODES[key][int(a) - 1] if int(a) > 0 else None
         return int(a) if np.issubdtype(a.dtype, np.integer) else float(a)
 
     return convert(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,52 @@ def minibatch_indices(
     return rows[: num_minibatches * minibatch_size].reshape(num_minibatches, minibatch_size)
 
 
+NONFINITE_STATS = (
+    "policy_loss",
+    "vf_loss",
+    "entropy",
+    "kl",
+    "total_loss",
+    "gradients",
+    "params",
+    "optimizer_state",
+)
+"""What a skipped update's `first_nonfinite_stat` code names (code `i + 1` names entry `i`):
+the first non-finite loss term (when the total loss is not finite), the total loss, then the
+gradients, the new params and the new optimizer state."""
+
+NONFINITE_CODE = "first_nonfinite_stat"
+"""The key of that code in `sgd_epochs`' stats and in `learner_info[pid]`."""
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """bool scalar: every float leaf of `tree` is finite (True without float leaves)."""
+    checks = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
+def nonfinite_code(
+    loss: jax.Array, stats: dict[str, jax.Array], grads: Any, new: PolicyState
+) -> jax.Array:
+    """int32 scalar: 0 if the minibatch update is finite (the loss, every gradient and the new
+    params and optimizer state), else `1 + ` the index in `NONFINITE_STATS` of the first
+    culprit. Loss terms missing from `stats` (another policy's loss) are not checked."""
+    loss_bad = ~jnp.isfinite(loss)
+    terms = [
+        loss_bad & ~jnp.isfinite(stats[name]) if name in stats else jnp.bool_(False)
+        for name in NONFINITE_STATS[:4]
+    ]
+    bad = jnp.stack(
+        [*terms, loss_bad, ~all_finite(grads), ~all_finite(new.params), ~all_finite(new.opt_state)]
+    )
+    skip = loss_bad | jnp.any(bad[5:])
+    return jnp.where(skip, jnp.argmax(bad).astype(jnp.int32) + 1, jnp.int32(0))
+
+
 def sgd_epochs(
     policy: Policy,
     pstate: PolicyState,
@@ -38,7 +85,10 @@ def sgd_epochs(
     axis_name: str | None = None,
 ) -> tuple[PolicyState, dict[str, jax.Array]]:
     """Runs the epochs; returns the new state and each statistic's mean over all minibatches
-    of all epochs.
+    of all epochs, plus `num_nonfinite_updates` (int32: minibatch updates not applied because
+    the loss, the gradients or the new params / optimizer state were not finite) and
+    `first_nonfinite_stat` (`NONFINITE_CODE`: int32 code of the first such minibatch's
+    culprit, 0 if none; `NONFINITE_STATS[code - 1]` names it).
 
     `batch` is the whole train batch. With `axis_name` (data-parallel inside `shard_map`, the
     same `batch`, `pstate` and `key` on every device) each device computes the loss on its
@@ -50,11 +100,15 @@ def sgd_epochs(
     on_axis = {} if axis_name is None else {"axis_name": axis_name}
 
     def minibatch_step(ps, mb):
-        grads, stats = jax.grad(policy.loss, has_aux=True)(
+        (loss, stats), grads = jax.value_and_grad(policy.loss, has_aux=True)(
             ps.params, ps.hparams, ps.kl_coeff, mb, **on_axis
         )
-        grads, stats = devices.mean((grads, stats), axis_name)
-        return policy.apply_gradients(ps, grads), stats
+        loss, grads, stats = devices.mean((loss, grads, stats), axis_name)
+        new = policy.apply_gradients(ps, grads)
+        code = nonfinite_code(loss, stats, grads, new)
+        # a non-finite update is not applied: this minibatch keeps the old state (a select;
+        # bitwise the update itself when everything is finite)
+        return jax.tree.map(lambda n, o: jnp.where(code == 0, n, o), new, ps), (stats, code)
 
     def epoch(ps, k):
         # one gather per epoch into [num_minibatches, minibatch_size, ...], then the scan
@@ -63,8 +117,12 @@ def sgd_epochs(
         idx = devices.local_slice(idx, axis_name, axis=1)  # this device's part of each one
         return jax.lax.scan(minibatch_step, ps, jax.tree.map(lambda x: x[idx], batch))
 
-    pstate, stats = jax.lax.scan(epoch, pstate, jax.random.split(key, num_sgd_iter))
-    return pstate, jax.tree.map(jnp.mean, stats)
+    pstate, (stats, codes) = jax.lax.scan(epoch, pstate, jax.random.split(key, num_sgd_iter))
+    stats = jax.tree.map(jnp.mean, stats)
+    skipped = codes.reshape(-1) > 0
+    stats["num_nonfinite_updates"] = jnp.sum(skipped.astype(jnp.int32))
+    stats[NONFINITE_CODE] = codes.reshape(-1)[jnp.argmax(skipped)]  # 0 if none
+    return pstate, stats
 
 
 class TrainOneStep(Stage):
@@ -79,6 +137,12 @@ class TrainOneStep(Stage):
     minibatch is split `N` ways, each device computes the gradient of its slice, and gradients
     and statistics are averaged across devices (and hosts) before one optimizer step on the
     replicated params: the update one device would compute, up to float rounding.
+
+    A minibatch update whose loss, gradients or new params / optimizer state are not finite
+    is not applied (the policy keeps its state for that minibatch); `learner_stats` count
+    them (`learner_stats.num_nonfinite_updates`; `learner_info[pid]["first_nonfinite_stat"]`
+    names the first culprit: see `sgd_epochs`), and `learner_info[pid]
+    ["num_nonfinite_rewards"]` counts the batch's NaN/inf rewards.
     """
 
     def __init__(
@@ -143,7 +207,11 @@ class TrainOneStep(Stage):
                 shuffle=self.shuffle_sequences,
                 axis_name=axis,
             )
-            info = {"learner_stats": stats}
+            # the culprit's code stays out of learner_stats (numbers, RLlib's): named on the host
+            info = {"learner_stats": stats, "first_nonfinite_stat": stats.pop(NONFINITE_CODE)}
+            if sb.REWARDS in pb:  # rows of the train batch whose sampled reward is NaN or inf
+                bad_rewards = ~jnp.isfinite(pb[sb.REWARDS])
+                info["num_nonfinite_rewards"] = jnp.sum(bad_rewards.astype(jnp.int32))
             if sb.POLICY_VERSION in pb:  # train steps between the acting and the trained params
                 lag = policies[pid].version - pb[sb.POLICY_VERSION]
                 info["policy_lag_mean"] = jnp.mean(lag.astype(jnp.float32))
