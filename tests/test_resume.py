@@ -106,7 +106,7 @@ def test_resume_refuses_another_run(tmp_path, capsys):
     resume = ["train", "ppo", "--resume", str(a), "--stop-iters", "2"]
     refused([*resume, "--config", "lr=0.1"], "config.lr: 0.0025 -> 0.1")
     refused([*resume, "--seed", "5"], "seeds: [0] -> [5]")
-    refused(["train", "ppo", "--resume", str(tmp_path / "none")], "cannot read params.json")
+    refused(["train", "ppo", "--resume", str(tmp_path / "none")], "params.json: cannot read")
     (a / "checkpoint.msgpack").rename(a / "moved.msgpack")
     refused(resume, "no checkpoint at")
     (a / "moved.msgpack").rename(a / "checkpoint.msgpack")

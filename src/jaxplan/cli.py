@@ -521,14 +521,12 @@ def _restore_interrupts(deferred) -> None:
 
 def _saved_params(directory: Path) -> dict:
     """The `params.json` of the run in `directory` (its algorithm, seeds and config)."""
-    path = directory / "params.json"
+    from jaxplan.trained import read_params
+
     try:
-        params = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"--resume {directory}: cannot read {path.name} ({e})") from None
-    if params.get("algorithm") != "PPO" or "config" not in params or "seeds" not in params:
-        raise UsageError(f"--resume {directory}: {path.name} is not a jaxplan PPO run's")
-    return params
+        return read_params(directory)
+    except ValueError as e:
+        raise UsageError(f"--resume {directory}: {e}") from None
 
 
 def _silent(*args, **kwargs) -> None:

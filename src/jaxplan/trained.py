@@ -79,6 +79,19 @@ class TrainedRun:
         ]
 
 
+def read_params(directory: str | os.PathLike) -> dict[str, Any]:
+    """The `params.json` of the run in `directory` (its algorithm, seeds and config); raises
+    `ValueError` naming the file when it is missing or not a jaxplan PPO run's."""
+    path = Path(directory) / "params.json"
+    try:
+        params = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the run's params ({e})") from None
+    if params.get("algorithm") != "PPO" or "config" not in params or "seeds" not in params:
+        raise ValueError(f"{path}: not the params of a jaxplan PPO run")
+    return params
+
+
 def load_run(directory: str | os.PathLike, which: str | int = "latest") -> TrainedRun:
     """Reads `directory/params.json` (the config and seeds) and one of its checkpoints (the
     whole run state; `which`: `"latest"`, `"best"` or a kept iteration, see
@@ -88,13 +101,7 @@ def load_run(directory: str | os.PathLike, which: str | int = "latest") -> Train
     from jaxplan.ppo.plan import build_workers, execution_plan
 
     directory = Path(directory)
-    path = directory / "params.json"
-    try:
-        params = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the run's params ({e})") from None
-    if params.get("algorithm") != "PPO" or "config" not in params or "seeds" not in params:
-        raise ValueError(f"{path}: not the params of a jaxplan PPO run")
+    params = read_params(directory)
     config = PPOConfig.from_dict(params["config"]).updated(_ONE_DEVICE)
     plan = execution_plan(build_workers(config), config)
     seeds = [int(s) for s in params["seeds"]]
