@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench clean
+.PHONY: train test lint bench figures clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/solve.py
+
+## figures: benchmarks/figures/curves.png, the README's curves (2 runs x 3 seeds, ~1 min)
+figures: $(STAMP)
+	$(BIN)/python benchmarks/curves.py
 
 clean:
 	rm -rf $(VENV) runs

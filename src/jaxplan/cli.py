@@ -172,6 +172,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--seed", type=int, default=0, help="key of the episodes (default 0)")
     evaluate.add_argument("--json", action="store_true", help="one JSON result per seed")
+    plot = sub.add_parser(
+        "plot", help="draw runs' learning curves (mean and min-max band over seeds)"
+    )
+    plot.add_argument("directories", nargs="+", type=Path, metavar="DIR", help="runs' --output")
+    plot.add_argument(
+        "--x",
+        default="timesteps_total",
+        choices=("timesteps_total", "time_total_s", "training_iteration"),
+        help="x axis (default timesteps_total)",
+    )
+    plot.add_argument(
+        "--y",
+        default="episode_reward_mean",
+        metavar="KEY",
+        help="result key, dotted for nested ones (evaluation.episode_reward_mean, "
+        "info.learner.default_policy.learner_stats.cur_lr; default episode_reward_mean)",
+    )
+    plot.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="FILE", help="FILE.png, .pdf or .svg"
+    )
+    plot.add_argument("--title", default=None, help="default: the runs' algorithm and env")
+    plot.add_argument(
+        "--size", default="6.4,4", metavar="W,H", help="inches (default 6.4,4)"
+    )
+    plot.add_argument("--dpi", type=int, default=100, help="pixels per inch (default 100)")
+    plot.add_argument(
+        "--per-seed", action="store_true", help="also draw each seed's own curve, thin"
+    )
     return parser
 
 
@@ -272,6 +300,8 @@ def _main(argv: list[str] | None) -> int:
     on_sigint = signal.getsignal(signal.SIGINT)
     try:
         try:
+            if args.command == "plot":
+                return _plot(args)
             return _evaluate(args) if args.command == "evaluate" else _train(args)
         except Exception as e:  # a missing or lost process of a multi-process run, else re-raised
             distributed = sys.modules.get("jaxplan.distributed")
@@ -466,6 +496,32 @@ def _evaluate(args) -> int:
             f"of {episodes} episodes ({how} actions, {run.config.env}, checkpoint of "
             f"iteration {run.iteration})"
         )
+    return 0
+
+
+def _plot(args) -> int:
+    """`jaxplan plot DIR ...`: the runs' curves drawn to `-o FILE` (`jaxplan.plot`)."""
+    from jaxplan import plot
+
+    try:
+        size = tuple(float(v) for v in args.size.split(","))
+    except ValueError:
+        size = ()
+    if len(size) != 2 or not all(math.isfinite(v) and v > 0 for v in size):
+        raise UsageError(f"--size {args.size}: expected W,H in inches, e.g. 6.4,4")
+    if not 10 <= args.dpi <= 1000:
+        raise UsageError(f"--dpi must be in [10, 1000], got {args.dpi}")
+    try:
+        plot.check_output(args.output)
+        curves = plot.load_curves(args.directories, args.x, args.y)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    fig = plot.draw(
+        curves, args.x, args.y, title=args.title, size=size, dpi=args.dpi, per_seed=args.per_seed
+    )
+    plot.save(fig, args.output)
+    runs = f"{len(curves)} run{'s' if len(curves) > 1 else ''}"
+    print(f"jaxplan: {args.y} over {args.x} of {runs} drawn to {args.output}")
     return 0
 
 
