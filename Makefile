@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench figures clean
+.PHONY: train test lint bench figures clean strip-notebooks
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ train: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+
+## strip-notebooks: remove outputs and metadata noise (tests/test_notebooks.py checks it)
+strip-notebooks: $(STAMP)
+	$(BIN)/python notebooks/strip.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
