@@ -117,8 +117,9 @@ def test_csv_and_tensorboard_hold_every_result(run, capsys):
         got, steps = _tb_scalars(out / "tb" / f"seed_{seed}")
         assert steps == [r["timesteps_total"] for r in mine]
         assert got == _expected_scalars(mine)
-        assert ("info/learner/default_policy/learner_stats/cur_lr", 5) not in got  # tags, steps
-        assert (mine[0]["timesteps_total"], "info/learner/default_policy/learner_stats/cur_lr") in got
+        lr = "info/learner/default_policy/learner_stats/cur_lr"  # a tag is the key path
+        assert got[mine[0]["timesteps_total"], lr] == mine[0]["info"]["learner"][
+            "default_policy"]["learner_stats"]["cur_lr"]
 
 
 def test_resume_appends_to_csv_and_tensorboard(run, capsys):

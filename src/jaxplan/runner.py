@@ -155,6 +155,15 @@ class Runner:
     raises `NonFiniteTraining` naming the seed, the iteration and the statistic, after
     writing that chunk (the params are the last finite ones). Before compiling, a program
     whose buffers cannot fit in memory is refused with the estimate (`check_memory`).
+
+    `loggers` (`jaxplan.loggers`) is exactly where results go besides the checkpoints, like
+    Tune's `loggers` (it replaces the defaults): built-in names (`"json"`, `"csv"`,
+    `"tensorboard"`; default all three with `output`, none without) and your own loggers,
+    objects with `on_result(result)` (optionally `flush()` per chunk, `close()`) or callables
+    of the result, e.g. `loggers=[*jaxplan.loggers.DEFAULT_LOGGERS, wandb_log]`. Each gets
+    every host result (one per seed per iteration, as yielded), after the chunk's files are
+    written, in the writing process only; one that raises stops the run with `LoggerError`
+    naming it, the seed and the iteration (the files stay whole and the run resumable).
     """
 
     def __init__(
