@@ -182,7 +182,9 @@ def test_two_processes_match_one_process(launched):
         "checkpoint.msgpack",
         "checkpoints",
         "params.json",
+        "progress.csv",
         "result.jsonl",
+        "tb",
     ]
     multi = [json.loads(line) for line in (multi_dir / "result.jsonl").read_text().splitlines()]
     ref = [json.loads(line) for line in (single_dir / "result.jsonl").read_text().splitlines()]

@@ -104,6 +104,7 @@ def procs(tmp_path_factory):
     p["elsewhere"] = _Proc(_free_port(), 1, START_S, ["--stop-iters", "1"])
     p["sigint"] = _Proc(_free_port(), 0, 60, ["--stop-iters", "1"])
     run = ["--stop-iters", "100000", "--report-every", "1", "--output", str(out / "killed")]
+    run += ["--print-every", "0"]  # "iter     2" is printed
     port = _free_port()
     p["killed0"], p["killed1"] = (_Proc(port, i, KILLED_S, run) for i in (0, 1))
     port = _free_port()

@@ -174,8 +174,10 @@ def test_legends_are_the_config_keys_that_differ(tmp_path):
 def test_bad_input_is_a_one_line_error(tmp_path, capsys, args, fragment):
     (tmp_path / "empty").mkdir()
     row = {"seed": 0, "timesteps_total": 1, "episode_reward_mean": 1.0}
-    _write_run(tmp_path / "run", [{**row, "info": {"learner": {"default_policy": {
-        "learner_stats": {"cur_lr": 0.1}}}}}])
+    _write_run(
+        tmp_path / "run",
+        [{**row, "info": {"learner": {"default_policy": {"learner_stats": {"cur_lr": 0.1}}}}}],
+    )
     argv = ["plot", *(a.format(tmp=tmp_path) for a in args)]
     if "-o" not in args and "required" not in fragment:  # else a valid -o
         argv += ["-o", str(tmp_path / "c.png")]

@@ -297,6 +297,8 @@ class Cli:
     def __init__(self, env: dict, directory: Path, resume: bool = False, limited: bool = False):
         self.directory = directory
         where = ["--resume", str(directory)] if resume else ["--output", str(directory)]
+        if limited:  # result.jsonl alone reaches the file-size limit (not a bigger event file)
+            where += ["--loggers", "json"]
         python = [sys.executable, *(["-c", LIMITED] if limited else ["-m", "jaxplan.cli"])]
         self.proc = subprocess.Popen(
             [*python, "train", "ppo", *TINY, *FOREVER, *where],

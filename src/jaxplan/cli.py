@@ -12,7 +12,6 @@ The training loop and the files are `jaxplan.runner.Runner`'s; this module parse
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -112,7 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop (exit 1) after N iterations in a row whose updates were skipped as "
         "non-finite (NaN/inf loss, gradients or params); 0 = never stop (default 3)",
     )
-    train.add_argument("--quiet", action="store_true", help="no per-iteration lines")
+    train.add_argument(
+        "--loggers",
+        default=None,
+        metavar="NAMES",
+        help="what --output DIR gets, comma-separated: json (result.jsonl), csv "
+        "(progress.csv), tensorboard (tb/seed_S/); 'none' for params and checkpoints only "
+        "(default json,csv,tensorboard)",
+    )
+    train.add_argument(
+        "--print-every",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="when stdout is not a terminal (CI logs, pipes): a line for the latest "
+        "iteration at most every SECONDS (0: every iteration; default 10); on a terminal a "
+        "progress bar",
+    )
+    train.add_argument(
+        "--quiet", action="store_true", help="no progress bar and no per-iteration lines"
+    )
     dev = train.add_argument_group(
         "devices and hosts",
         "data-parallel training on a mesh of devices, across processes via jax.distributed",
@@ -193,9 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, required=True, metavar="FILE", help="FILE.png, .pdf or .svg"
     )
     plot.add_argument("--title", default=None, help="default: the runs' algorithm and env")
-    plot.add_argument(
-        "--size", default="6.4,4", metavar="W,H", help="inches (default 6.4,4)"
-    )
+    plot.add_argument("--size", default="6.4,4", metavar="W,H", help="inches (default 6.4,4)")
     plot.add_argument("--dpi", type=int, default=100, help="pixels per inch (default 100)")
     plot.add_argument(
         "--per-seed", action="store_true", help="also draw each seed's own curve, thin"
@@ -367,6 +383,28 @@ def _check_args(args) -> None:
         raise UsageError(f"--max-nonfinite-iters must be >= 0, got {args.max_nonfinite_iters}")
     if args.resume is not None and args.output not in (None, args.resume):
         raise UsageError(f"--resume {args.resume} writes to that folder; drop --output")
+    if not (math.isfinite(args.print_every) and args.print_every >= 0):
+        raise UsageError(f"--print-every must be >= 0 seconds, got {args.print_every}")
+    args.loggers = _logger_names(args)
+
+
+def _logger_names(args) -> list[str] | None:
+    """`--loggers json,csv` -> the names, checked (None: the default)."""
+    if args.loggers is None:
+        return None
+    from jaxplan.loggers import LOGGER_NAMES
+
+    text = args.loggers.strip()
+    names = [] if text == "none" else [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in LOGGER_NAMES]
+    if bad or not text:
+        raise UsageError(
+            f"--loggers: unknown logger {bad[0] if bad else text!r}; valid: "
+            f"{', '.join(LOGGER_NAMES)} (comma-separated) or none"
+        )
+    if args.output is None and args.resume is None:
+        raise UsageError(f"--loggers {args.loggers} writes into --output DIR; add --output")
+    return names
 
 
 def _train(args) -> int:
@@ -432,6 +470,7 @@ def _train(args) -> int:
             resume=args.resume is not None,
             keep_checkpoints=args.keep_checkpoints,
             max_nonfinite_iters=args.max_nonfinite_iters or None,
+            loggers=args.loggers,
         )
     except OSError as e:
         raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
@@ -450,17 +489,23 @@ def _train(args) -> int:
     say(f"jaxplan: compiled in {t_compile:.1f} s", flush=True)
     t_start = time.perf_counter()
     warned: set[int] = set()
+    progress = _progress(args, stop, seeds) if writes and not args.quiet else None
     try:
         for chunk, results in enumerate(runner):
             for old, new in runner.writer.kept if runner.writer and chunk == 0 else ():
-                say(f"jaxplan: kept the previous run's {old.name} as {new.name}")
-            _print_results(args, results, writes, warned)
+                _say(progress, f"jaxplan: kept the previous run's {old.name} as {new.name}")
+            _print_results(args, results, writes, warned, progress, runner.done)
     except NonFiniteTraining as e:
-        _print_results(args, e.results, writes, warned)
+        _print_results(args, e.results, writes, warned, progress, runner.done)
+        if progress is not None:
+            progress.close()
         print(f"jaxplan: error: training is not finite: {e}", file=sys.stderr)
         if runner.writer:
             print(f"jaxplan: the last finite run state is in {runner.writer.checkpoint_path}")
         return 1
+    finally:
+        if progress is not None:
+            progress.close()
     if writes:
         _print_summary(args, runner, time.perf_counter() - t_start, t_compile)
     if runner.writer:
@@ -525,8 +570,27 @@ def _plot(args) -> int:
     return 0
 
 
-def _print_results(args, results: list[dict], writes: bool, warned: set[int]) -> None:
-    """Per-iteration lines, and once per seed a warning when the env's rewards are not
+def _progress(args, stop, seeds):
+    """A progress bar on stderr when stdout and stderr are terminals, else lines on stdout at
+    most every --print-every seconds (`jaxplan.progress`)."""
+    from jaxplan.progress import Progress
+
+    interactive = sys.stdout.isatty() and sys.stderr.isatty()
+    return Progress(stop, seeds, bar=interactive, every_s=args.print_every, line=_format_line)
+
+
+def _say(progress, text: str, file=None) -> None:
+    """A line that does not break the progress bar."""
+    if progress is not None:
+        progress.write(text, file=file)
+    else:
+        print(text, file=file or sys.stdout, flush=True)
+
+
+def _print_results(
+    args, results: list[dict], writes: bool, warned: set[int], progress=None, done=()
+) -> None:
+    """Progress (bar or lines), and once per seed a warning when the env's rewards are not
     finite (episode_reward_mean is then NaN, written as null)."""
     if not writes:
         return
@@ -536,16 +600,15 @@ def _print_results(args, results: list[dict], writes: bool, warned: set[int]) ->
         episodes = r.get("episodes_nonfinite", 0)
         if (rewards or episodes) and r["seed"] not in warned:
             warned.add(r["seed"])
-            print(
+            _say(
+                progress,
                 f"jaxplan: warning: seed {r['seed']}, iteration {r['training_iteration']}: the "
                 f"env's rewards are not finite ({rewards} NaN/inf rewards in the train batch, "
                 f"{episodes} episodes of the window with a NaN/inf return)",
                 file=sys.stderr,
-                flush=True,
             )
-    if not args.quiet:
-        for _, row in itertools.groupby(results, key=lambda r: r["training_iteration"]):
-            print(_format_line(list(row)), flush=True)
+    if progress is not None:
+        progress.update(results, done)
 
 
 def _defer_interrupts():

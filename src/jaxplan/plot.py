@@ -186,8 +186,10 @@ def load_curves(
             if x not in have:
                 raise ValueError(f"{path}: no row has a number at {x!r}")
             close = close_keys(y, have)
-            hint = f"close key paths: {', '.join(close)}" if close else (
-                f"top-level keys with numbers: {', '.join(k for k in have if '.' not in k)}"
+            hint = (
+                f"close key paths: {', '.join(close)}"
+                if close
+                else (f"top-level keys with numbers: {', '.join(k for k in have if '.' not in k)}")
             )
             raise ValueError(f"--y {y}: no row of {path} has a number there; {hint}")
         loaded.append((Path(run), seeds, read_params(Path(run))))

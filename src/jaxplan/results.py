@@ -7,7 +7,9 @@ DIR/result.jsonl                   one strict-JSON line per iteration and seed (
 DIR/checkpoint.msgpack             the latest whole run state: what --resume reads
 DIR/checkpoints/iter_000040.msgpack  the run state after the last `keep_checkpoints` chunks
 DIR/checkpoints/best.msgpack       the run state with the best episode_reward_mean so far
-DIR/params.1.json, result.1.jsonl, checkpoint.1.msgpack, checkpoints.1/   an earlier run's
+DIR/progress.csv, DIR/tb/seed_S/   the csv and tensorboard loggers' files (`jaxplan.loggers`)
+DIR/params.1.json, result.1.jsonl, checkpoint.1.msgpack, checkpoints.1/, progress.1.csv,
+    tb.1/                          an earlier run's
 ```
 
 A checkpoint is the whole run state (every `PlanState` leaf: policies, actor groups and env
@@ -54,8 +56,16 @@ from flax import serialization
 
 from jaxplan.checkpoint import TMP_SUFFIX, fsync_dir, link_or_copy, to_bytes, write_bytes
 
-RUN_FILES = ("params.json", "result.jsonl", "checkpoint.msgpack", "checkpoints")
-"""What a run writes; an earlier run's are kept as `params.N.json`, ..., `checkpoints.N`."""
+RUN_FILES = (
+    "params.json",
+    "result.jsonl",
+    "checkpoint.msgpack",
+    "checkpoints",
+    "progress.csv",
+    "tb",
+)
+"""What a run writes (the last two: `jaxplan.loggers`); an earlier run's are kept as
+`params.N.json`, ..., `checkpoints.N`, `progress.N.csv`, `tb.N`, with one N."""
 _ITER = re.compile(r"iter_(\d+)\.msgpack")
 
 
@@ -124,6 +134,33 @@ class WriteError(OSError):
         return f"cannot write {self.filename}: {self.strerror}"
 
 
+def append_bytes(path: Path, data: bytes) -> int:
+    """Appends `data` to `path` with one write, fsynced; on an error or an interrupt the file
+    is truncated back (it keeps its last whole record). Returns the file's size before.
+    Raises `WriteError`."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise WriteError(path, e) from None
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, before)
+                os.fsync(fd)
+            if isinstance(e, OSError):
+                raise WriteError(path, e) from None
+            raise
+    finally:
+        os.close(fd)
+    return before
+
+
 class FolderInUse(ValueError):
     """Another live process is writing the run folder."""
 
@@ -183,6 +220,8 @@ class ResultWriter:
     `close()` releases the lock (and removes a folder it created, if nothing was written); a
     later write takes it again.
     With `resume` (the `read_checkpoint` of this folder) it appends to the run's files instead.
+    `results_file=False` (the json logger turned off) writes no `result.jsonl` lines; params
+    and checkpoints as always.
     """
 
     def __init__(
@@ -192,6 +231,7 @@ class ResultWriter:
         *,
         resume: Mapping[str, Any] | None = None,
         keep_checkpoints: int = 3,
+        results_file: bool = True,
     ):
         if keep_checkpoints < 0:
             raise ValueError(f"keep_checkpoints must be >= 0, got {keep_checkpoints}")
@@ -201,6 +241,7 @@ class ResultWriter:
         self.checkpoints = directory / "checkpoints"
         self.params = params
         self.keep_checkpoints = keep_checkpoints
+        self.results_file = results_file
         self.kept: list[tuple[Path, Path]] = []
         self._created = []
         for d in (directory, *directory.parents):
@@ -285,27 +326,10 @@ class ResultWriter:
             self.lock = RunLock(self.directory)
         if not self._started:
             self._start()
+        if not self.results_file:  # the json logger is off: no lines, the checkpoints still
+            return self.path.stat().st_size if self.path.exists() else 0
         data = "".join(json.dumps(finite(r), allow_nan=False) + "\n" for r in results).encode()
-        fd = self._guard(
-            self.path, lambda: os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        )
-        try:
-            before = os.fstat(fd).st_size
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            except BaseException as e:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, before)
-                    os.fsync(fd)
-                if isinstance(e, OSError):
-                    raise WriteError(self.path, e) from None
-                raise
-        finally:
-            os.close(fd)
-        return before
+        return append_bytes(self.path, data)
 
     def write_chunk(
         self, results: list[dict], seeds: list[int], state, elapsed_s: float = 0.0
@@ -345,7 +369,7 @@ class ResultWriter:
                 str(s): {"training_iteration": it, "episode_reward_mean": r}
                 for s, (it, r) in ((s, self._latest[s]) for s in seeds)
             },
-            "result_bytes": self.path.stat().st_size,
+            "result_bytes": self.path.stat().st_size if self.path.exists() else 0,
             "state": state,
         }
         data = to_bytes(tree)
@@ -359,7 +383,8 @@ class ResultWriter:
                 self._guard(latest, lambda: write_bytes(latest, data))
         except BaseException:
             with contextlib.suppress(OSError):
-                os.truncate(self.path, before)
+                if self.results_file:
+                    os.truncate(self.path, before)
             if self.keep_checkpoints:
                 with contextlib.suppress(OSError):
                     it_path.unlink()

@@ -33,6 +33,7 @@ from jax.experimental import multihost_utils
 from jax.extend import core as jax_core
 
 from jaxplan import distributed
+from jaxplan import loggers as _loggers
 from jaxplan.flow import Plan
 from jaxplan.results import ResultWriter, differences, finite, read_checkpoint
 from jaxplan.run import Stop, run_iterations
@@ -154,6 +155,15 @@ class Runner:
     raises `NonFiniteTraining` naming the seed, the iteration and the statistic, after
     writing that chunk (the params are the last finite ones). Before compiling, a program
     whose buffers cannot fit in memory is refused with the estimate (`check_memory`).
+
+    `loggers` (`jaxplan.loggers`) is exactly where results go besides the checkpoints, like
+    Tune's `loggers` (it replaces the defaults): built-in names (`"json"`, `"csv"`,
+    `"tensorboard"`; default all three with `output`, none without) and your own loggers,
+    objects with `on_result(result)` (optionally `flush()` per chunk, `close()`) or callables
+    of the result, e.g. `loggers=[*jaxplan.loggers.DEFAULT_LOGGERS, wandb_log]`. Each gets
+    every host result (one per seed per iteration, as yielded), after the chunk's files are
+    written, in the writing process only; one that raises stops the run with `LoggerError`
+    naming it, the seed and the iteration (the files stay whole and the run resumable).
     """
 
     def __init__(
@@ -168,6 +178,7 @@ class Runner:
         resume: bool = False,
         keep_checkpoints: int = 3,
         max_nonfinite_iters: int | None = 3,
+        loggers: Iterable[str | _loggers.Logger | Callable[[dict], Any]] | None = None,
     ):
         self.plan = plan
         self.seeds = [int(s) for s in seeds]
@@ -190,9 +201,23 @@ class Runner:
         self.params = {"seeds": self.seeds} if params is None else params
         self.resume = resume
         writes = distributed.is_writer() if writes is None else writes
+        if loggers is None:
+            loggers = _loggers.DEFAULT_LOGGERS if output is not None else ()
+        loggers = list(loggers)
+        names = _loggers.check_names(x for x in loggers if isinstance(x, str))
+        if names and output is None:
+            raise ValueError(
+                f"loggers {', '.join(map(repr, names))} write into output; give output=DIR"
+            )
+        custom = [_loggers.as_logger(x) for x in loggers if not isinstance(x, str)]
         self.writer = None
         if output is not None and writes:  # the lock first: a busy folder is refused at once
-            self.writer = ResultWriter(output, self.params, keep_checkpoints=keep_checkpoints)
+            self.writer = ResultWriter(
+                output,
+                self.params,
+                keep_checkpoints=keep_checkpoints,
+                results_file="json" in names,
+            )
         try:
             self._saved = self._check_checkpoint() if resume else None
         except BaseException:
@@ -200,6 +225,11 @@ class Runner:
             raise
         if self.writer is not None and self._saved is not None:
             self.writer.resume_from(self._saved)
+        self.loggers = (self._file_loggers(names) if self.writer is not None else []) + (
+            custom if writes else []
+        )
+        """Every logger the results go to, built-in ones first (empty where not `writes`)."""
+        self._logged = False
         self.state = None
         self.compile_s: float | None = None
         self.last: dict[int, dict] = {}
@@ -208,9 +238,35 @@ class Runner:
         self._elapsed = 0.0
 
     def close(self) -> None:
-        """Releases the output folder's lock (the run's files stay as written)."""
-        if self.writer is not None:
-            self.writer.close()
+        """Closes the loggers that got results since the last close, then releases the output
+        folder's lock (the run's files stay as written)."""
+        try:
+            if getattr(self, "_logged", False):
+                self._logged = False
+                _loggers.close_all(self.loggers)
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+
+    def _file_loggers(self, names: list[str]) -> list:
+        """The csv and tensorboard loggers in `output`; on resume the CSV is rebuilt from the
+        result.jsonl rows up to the checkpoint (when the run has that file)."""
+        out, directory = [], Path(self.output)
+        if "csv" in names:
+            history = None
+            size = (self._saved or {}).get("result_bytes")
+            jsonl = directory / "result.jsonl"
+            if self._saved is not None and size is not None and jsonl.exists():
+
+                def history(jsonl=jsonl, size=int(size)):
+                    with open(jsonl, "rb") as f:
+                        lines = f.read(size).decode().splitlines()
+                    return [json.loads(line) for line in lines if line.strip()]
+
+            out.append(_loggers.CsvLogger(directory / "progress.csv", history=history))
+        if "tensorboard" in names:
+            out.append(_loggers.TensorBoardLogger(directory / "tb", resume=self.resume))
+        return out
 
     def __enter__(self) -> Runner:
         return self
@@ -354,6 +410,7 @@ class Runner:
         if self.plan.workers.mesh is not None:  # collective: every process, every chunk
             distributed.check_replicated(self.state.policies, "policies")
         multi_process = jax.process_count() > 1
+        written = True
         if self.writer is not None or (self.output is not None and multi_process):
             # the whole state on the host (a collective: every process joins it)
             state = (
@@ -364,8 +421,13 @@ class Runner:
             if self.writer is not None:
                 if _finite_policies(state.policies):  # never a checkpoint of such a state
                     self.writer.write_chunk(out, self.seeds, state, self._elapsed)
-                elif failed is None:
-                    failed = NonFiniteTraining("the policies' params are not finite")
+                else:
+                    written = False
+                    if failed is None:
+                        failed = NonFiniteTraining("the policies' params are not finite")
+        if self.loggers and written:  # what the files hold, after them: they stay whole
+            self._logged = True
+            _loggers.log_chunk(self.loggers, out)
         if failed is not None:
             failed.results = out  # this chunk's results, for whoever prints them
             raise failed
