@@ -37,6 +37,7 @@ from jaxplan.stages import (
     warn_about_bad_reward_scales,
 )
 from jaxplan.trained import TrainedRun, load_run
+from jaxplan.trained_policy import TrainedPolicy, load_policy
 from jaxplan.workers import PlanState, WorkerSet
 
 __version__ = "0.1.0"
@@ -68,12 +69,14 @@ __all__ = [
     "Stop",
     "TrainOneStep",
     "TrainOutput",
+    "TrainedPolicy",
     "TrainedRun",
     "UpdateKL",
     "WorkerSet",
     "build_workers",
     "evaluate",
     "execution_plan",
+    "load_policy",
     "load_run",
     "make_train",
     "ppo_plan",

@@ -216,6 +216,33 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--per-seed", action="store_true", help="also draw each seed's own curve, thin"
     )
+    rollout = sub.add_parser(
+        "rollout", help="play episodes with one seed's trained policies, print each return"
+    )
+    rollout.add_argument("directory", type=Path, metavar="DIR", help="the run's --output")
+    rollout.add_argument("--episodes", type=int, default=10, help="episodes (default 10)")
+    rollout.add_argument(
+        "--checkpoint", default="latest", metavar="latest|best|N", help="as for evaluate"
+    )
+    rollout.add_argument("--seed", type=int, default=0, help="key of the episodes (default 0)")
+    rollout.add_argument(
+        "--run-seed",
+        type=int,
+        default=None,
+        help="whose policies, of the run's seeds (default: its first)",
+    )
+    rollout.add_argument("--explore", action="store_true", help="sample actions")
+    rollout.add_argument(
+        "--env-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env parameter over the run's evaluation env config (JSON value), repeatable; "
+        "e.g. max_steps_in_episode=100",
+    )
+    rollout.add_argument(
+        "--gif", type=Path, default=None, metavar="OUT.gif", help="animate episode 1 to OUT.gif"
+    )
     return parser
 
 
@@ -316,9 +343,8 @@ def _main(argv: list[str] | None) -> int:
     on_sigint = signal.getsignal(signal.SIGINT)
     try:
         try:
-            if args.command == "plot":
-                return _plot(args)
-            return _evaluate(args) if args.command == "evaluate" else _train(args)
+            commands = {"evaluate": _evaluate, "plot": _plot, "rollout": _rollout}
+            return commands.get(args.command, _train)(args)
         except Exception as e:  # a missing or lost process of a multi-process run, else re-raised
             distributed = sys.modules.get("jaxplan.distributed")
             msg = distributed.failure_message(e) if distributed is not None else None
@@ -567,6 +593,81 @@ def _plot(args) -> int:
     plot.save(fig, args.output)
     runs = f"{len(curves)} run{'s' if len(curves) > 1 else ''}"
     print(f"jaxplan: {args.y} over {args.x} of {runs} drawn to {args.output}")
+    return 0
+
+
+def _rollout(args) -> int:
+    """`jaxplan rollout DIR`: `--episodes` episodes with one run seed's policies, each
+    episode's return and length (`TrainedRun.evaluate`'s), and with `--gif` episode 1 drawn."""
+    if args.episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    if not 0 <= args.seed < 2**32:
+        raise UsageError(f"--seed must be in [0, 2**32), got {args.seed}")
+    env_config = {}
+    for item in args.env_config:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--env-config {item!r}: expected KEY=VALUE")
+        env_config[key.strip()] = _parse_value(raw)
+    if args.gif is not None:
+        if args.gif.suffix.lower() != ".gif":
+            raise UsageError(f"--gif {args.gif}: the file name must end in .gif")
+        if not args.gif.parent.is_dir():
+            raise UsageError(f"--gif {args.gif}: no folder {args.gif.parent}")
+    import jax
+
+    from jaxplan.trained import load_run
+    from jaxplan.trained_policy import check_env
+
+    which = int(args.checkpoint) if args.checkpoint.isdigit() else args.checkpoint
+    run = load_run(args.directory, which)
+    seed = run.seeds[0] if args.run_seed is None else args.run_seed
+    params = run.seed_params(seed)
+    env = run.evaluation_env(env_config)
+    for pid in run.plan.workers.policies:
+        check_env(run, pid, env)
+    if args.gif is not None:
+        from jaxplan.render import check_renderable
+
+        check_renderable(env)
+    (r,) = run.evaluate(
+        num_episodes=args.episodes,
+        explore=args.explore,
+        seed=args.seed,
+        seeds=[seed],
+        env_config=env_config,
+    )
+    how = "sampled" if args.explore else "deterministic"
+    print(
+        f"jaxplan: {run.config.env}, run seed {seed}'s policies (checkpoint of iteration "
+        f"{run.iteration}), {how} actions"
+    )
+    returns, lengths = r["hist_stats"]["episode_reward"], r["hist_stats"]["episode_lengths"]
+    for i, (ret, length) in enumerate(zip(returns, lengths, strict=True)):
+        if math.isnan(ret):
+            print(f"episode {i + 1:4d}  cut at the step limit (not counted)")
+        else:
+            print(f"episode {i + 1:4d}  return {ret:10.2f}  length {length:6d}")
+    print(
+        f"jaxplan: episode_reward_mean {r['episode_reward_mean']:.2f} (min "
+        f"{r['episode_reward_min']:.2f}, max {r['episode_reward_max']:.2f}), episode_len_mean "
+        f"{r['episode_len_mean']:.1f} over {r['episodes_this_iter']} of {args.episodes} episodes"
+    )
+    if args.gif is not None:
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        from jaxplan.render import record_episode, write_gif
+
+        key = jax.random.fold_in(jax.random.PRNGKey(args.seed), seed)
+        states, rets = record_episode(
+            run.plan.workers,
+            params,
+            key,
+            num_episodes=args.episodes,
+            explore=args.explore,
+            env=env,
+        )
+        write_gif(env, states, rets, args.gif)
+        print(f"jaxplan: wrote {args.gif} ({len(states)} frames: episode 1)")
     return 0
 
 

@@ -88,6 +88,11 @@ class Env:
         limit = getattr(self.params, "max_steps_in_episode", None)
         return None if limit is None else int(limit)
 
+    @property
+    def gymnax_env(self) -> tuple[Any, Any]:
+        """The wrapped gymnax env and its `EnvParams` (for gymnax's renderer)."""
+        return self._env, self.params
+
     def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
         """`key -> (obs [*observation_shape] float32, env_state)`."""
         obs, state = self._env.reset(key, self.params)

@@ -46,21 +46,52 @@ class TrainedRun:
         """`{policy_id: params}` of the checkpoint (leading seed axis with several seeds)."""
         return {pid: ps.params for pid, ps in self.state.policies.items()}
 
+    def seed_params(self, seed: int | None = None) -> dict[str, Any]:
+        """`{policy_id: params}` of the run seed `seed` (default: the run's first seed);
+        raises `ValueError` listing the run's seeds when it is not one of them."""
+        seed = self.seeds[0] if seed is None else seed
+        if isinstance(seed, bool) or seed not in self.seeds:
+            raise ValueError(
+                f"{self.directory}: seed {seed!r} is not one of the run's seeds {self.seeds}"
+            )
+        params = self.policy_params()
+        if len(self.seeds) == 1:
+            return params
+        i = self.seeds.index(seed)
+        return jax.tree.map(lambda x: x[i], params)
+
+    def evaluation_env(self, env_config: dict | None = None):
+        """The run's evaluation env: its env with `evaluation_config.env_config` over its
+        `env_config`, and `env_config` over both."""
+        from jaxplan.multi_agent import make_env
+
+        config = self.config
+        overrides = {**config.evaluation_config.env_config, **(env_config or {})}
+        return make_env(config.env, {**config.env_config, **overrides})
+
     def evaluate(
-        self, *, num_episodes: int = 10, explore: bool = False, seed: int = 0
+        self,
+        *,
+        num_episodes: int = 10,
+        explore: bool = False,
+        seed: int = 0,
+        seeds: list[int] | None = None,
+        env_config: dict | None = None,
     ) -> list[dict]:
         """Plays `num_episodes` episodes per seed with that seed's trained params (on the
-        run's evaluation env: `evaluation_config.env_config` over its `env_config`), one
-        compiled program for all seeds; returns per seed RLlib's evaluation metrics (Python
-        numbers, plus `seed`). Deterministic actions unless `explore`; the episodes' key is
+        run's evaluation env, see `evaluation_env`; `env_config` over its config), one
+        compiled program for all seeds (`seeds`: the run seeds to evaluate, default all);
+        returns per seed RLlib's evaluation metrics (Python numbers, plus `seed`).
+        Deterministic actions unless `explore`; the episodes' key is
         `fold_in(PRNGKey(seed), run seed)`."""
-        from jaxplan.multi_agent import make_env
         from jaxplan.stages.evaluation import evaluate
         from jaxplan.stages.metrics import result_to_host
 
-        config, workers = self.config, self.plan.workers
-        overrides = config.evaluation_config.env_config
-        env = make_env(config.env, {**config.env_config, **overrides}) if overrides else None
+        seeds = self.seeds if seeds is None else list(seeds)
+        params = [self.seed_params(s) for s in seeds]  # checks the seeds
+        workers = self.plan.workers
+        changed = env_config or self.config.evaluation_config.env_config
+        env = self.evaluation_env(env_config) if changed else None
 
         def one(params, key):
             return evaluate(
@@ -68,14 +99,12 @@ class TrainedRun:
             )
 
         base = jax.random.PRNGKey(seed)
-        keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(np.asarray(self.seeds))
-        params = self.policy_params()
-        if len(self.seeds) == 1:
-            params = jax.tree.map(lambda x: x[None], params)
+        keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(np.asarray(seeds))
+        params = jax.tree.map(lambda *xs: np.stack(xs), *params)
         out = jax.device_get(jax.jit(jax.vmap(one))(params, keys))
         return [
             {"seed": s, **result_to_host(jax.tree.map(lambda x, i=i: x[i], out))}
-            for i, s in enumerate(self.seeds)
+            for i, s in enumerate(seeds)
         ]
 
 
@@ -107,7 +136,7 @@ def load_run(directory: str | os.PathLike, which: str | int = "latest") -> Train
     seeds = [int(s) for s in params["seeds"]]
     raw = read_checkpoint(directory, which)
     init = plan.init if len(seeds) == 1 else jax.vmap(plan.init)
-    keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
+    keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds))
     target = jax.eval_shape(init, keys[0] if len(seeds) == 1 else keys)
     target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), target)
     try:
