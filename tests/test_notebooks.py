@@ -34,6 +34,7 @@ def test_notebook_runs_top_to_bottom(name, monkeypatch):
 
     monkeypatch.setenv("JAXPLAN_NOTEBOOK_SMOKE", "1")
     monkeypatch.delenv("XLA_FLAGS", raising=False)  # the notebook sets its own
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # inline figures, whatever the shell set
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "JAXPLAN_NOTEBOOK_SMOKE" in params[0].source

@@ -654,7 +654,6 @@ def _rollout(args) -> int:
         f"{r['episode_len_mean']:.1f} over {r['episodes_this_iter']} of {args.episodes} episodes"
     )
     if args.gif is not None:
-        os.environ.setdefault("MPLBACKEND", "Agg")
         from jaxplan.render import record_episode, write_gif
 
         key = jax.random.fold_in(jax.random.PRNGKey(args.seed), seed)
