@@ -8,7 +8,8 @@ per key in one program.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -76,19 +77,68 @@ def run_iterations(
 
 def make_train(
     plan: Plan, num_iterations: int, stop: Stop | None = None
-) -> Callable[[jax.Array], tuple[PlanState, Result]]:
-    """A pure `train(key) -> (final PlanState, stacked results)` for the whole run."""
+) -> Callable[..., tuple[PlanState, Result]]:
+    """A pure `train(key, hparams=None) -> (final PlanState, stacked results)` for the whole run.
 
-    def train(key: jax.Array):
-        return run_iterations(plan, plan.init(key), num_iterations, stop)
+    `hparams` is `plan.init`'s: per policy id, a `PPOHParams` or a mapping of some of its fields
+    (`{"default_policy": {"lr": lr}}`). A sweep is `jax.vmap(train)(keys, hparams)` with
+    `[runs]` arrays as the swept values, or `train_seeds(..., hparams=...)`.
+    """
+
+    def train(key: jax.Array, hparams: Mapping[str, Any] | None = None):
+        return run_iterations(plan, plan.init(key, hparams), num_iterations, stop)
 
     return train
 
 
 def train_seeds(
-    plan: Plan, seeds: list[int] | jax.Array, num_iterations: int, stop: Stop | None = None
+    plan: Plan,
+    seeds: list[int] | jax.Array,
+    num_iterations: int,
+    stop: Stop | None = None,
+    hparams: Mapping[str, Any] | None = None,
 ) -> tuple[PlanState, Result]:
     """One compiled program training one agent per seed (`vmap` over `PRNGKey(seed)`).
-    Leaves of the returned state and results have a leading seed axis."""
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
-    return jax.jit(jax.vmap(make_train(plan, num_iterations, stop)))(keys)
+    Leaves of the returned state and results have a leading seed axis.
+
+    `hparams` (see `make_train`): each value is a number shared by all runs or a `[len(seeds)]`
+    array, one per run, so `seeds=[0, 0, 0], hparams={"default_policy": {"lr": [1e-4, 3e-4,
+    1e-3]}}` is an lr sweep in one program. Checked before anything compiles.
+    """
+    seeds = jnp.asarray(seeds, jnp.uint32)
+    if seeds.ndim != 1 or seeds.shape[0] == 0:
+        raise ValueError(f"seeds must be a non-empty list of ints, got shape {list(seeds.shape)}")
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    if hparams is None:
+        return jax.jit(jax.vmap(make_train(plan, num_iterations, stop)))(keys)
+    hparams, axes = _per_run(hparams, seeds.shape[0])
+    first = jax.tree.map(lambda x, a: x if a is None else x[0], hparams, axes)
+    jax.eval_shape(lambda key: plan.init(key, first), keys[0])  # bad hparams fail here, fast
+    train = jax.vmap(make_train(plan, num_iterations, stop), in_axes=(0, axes))
+    return jax.jit(train)(keys, hparams)
+
+
+def _per_run(hparams: Mapping[str, Any], runs: int) -> tuple[Any, Any]:
+    """`hparams` with array leaves, and their `vmap` axes: None for a shared scalar, 0 for a
+    `[runs]` array; `ValueError` naming any other leaf shape."""
+
+    def leaf(path, x):
+        try:
+            x = jnp.asarray(x)
+        except TypeError:
+            return x, None  # not a number: `plan.init` names it
+        if x.ndim == 0:
+            return x, None
+        if x.shape == (runs,):
+            return x, 0
+        raise ValueError(
+            f"hparams{jax.tree_util.keystr(path)} has shape {list(x.shape)}; expected a "
+            f"number shared by all runs or one value per seed (shape [{runs}])"
+        )
+
+    is_list = lambda x: isinstance(x, list | tuple)  # a list of numbers is one [runs] value
+    pairs = jax.tree_util.tree_map_with_path(leaf, dict(hparams), is_leaf=is_list)
+    is_pair = lambda x: isinstance(x, tuple) and len(x) == 2
+    values = jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair)
+    axes = jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)
+    return values, axes

@@ -224,10 +224,10 @@ class WorkerSet:
     def init(self, key: jax.Array, hparams: Mapping[str, Any] | None = None) -> PlanState:
         """Fresh core `PlanState` (no stage state yet). `hparams` maps policy ids to traced
         hyper-parameters to use instead of each policy's defaults (for `vmap` over them)."""
-        hparams = dict(hparams or {})
+        hparams = self._check_hparams(hparams)
         key, k_env, *k_pol = jax.random.split(key, 2 + len(self.policies))
         policies = {
-            pid: policy.init(k, hparams.get(pid))
+            pid: _init_policy(pid, policy, k, hparams.get(pid))
             for (pid, policy), k in zip(self.policies.items(), k_pol, strict=True)
         }
         actors = self.reset_actors(k_env)
@@ -246,6 +246,24 @@ class WorkerSet:
             stages={},
         )
 
+    def _check_hparams(self, hparams: Any) -> dict[str, Any]:
+        """`hparams` as a dict keyed by policy id, or `ValueError` naming what is wrong."""
+        if hparams is None:
+            return {}
+        ids = list(self.policies)
+        if not isinstance(hparams, Mapping):
+            raise ValueError(
+                f"hparams = {hparams!r}: expected a mapping of policy ids ({ids}) to "
+                f"hyper-parameters, e.g. {{{ids[0]!r}: {{'lr': 1e-3}}}}"
+            )
+        unknown = [k for k in hparams if k not in self.policies]
+        if unknown:
+            raise ValueError(
+                f"hparams has unknown policy id(s) {unknown}; it maps policy ids ({ids}) to "
+                f"hyper-parameters, e.g. {{{ids[0]!r}: {{{str(unknown[0])!r}: ...}}}}"
+            )
+        return dict(hparams)
+
     def reset_actors(self, key: jax.Array) -> ActorState:
         """Every group's envs freshly reset (one key per env, split from `key` for all
         `[groups, envs]`), with zero episode returns and lengths."""
@@ -253,7 +271,7 @@ class WorkerSet:
         env_keys = jax.random.split(key, groups * envs).reshape(groups, envs, -1)
         obs, env_state = jax.vmap(jax.vmap(self.ma_env.reset))(env_keys)
         return ActorState(
-            env_state=env_state,
+            env_state=strong_types(env_state),
             obs=obs,
             episode_return=jnp.zeros((groups, envs, len(self.agents)), jnp.float32),
             episode_length=jnp.zeros((groups, envs), jnp.int32),
@@ -321,3 +339,27 @@ def resolve_policy_mapping(
                 f"or action space {spaces}"
             )
     return mapping
+
+
+def strong_types(tree: Any) -> Any:
+    """`tree` with every weakly typed leaf given its dtype for good (same values).
+
+    Some env resets build state from Python scalars (gymnax Pendulum's `last_u`, MountainCar's
+    `velocity`): weakly typed f32 leaves, while the state `step` returns is strongly typed, so
+    a jitted `plan.step` would see two input types and compile twice (~4-12 s lost).
+    """
+
+    def strong(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x  # typed keys are never weak
+        return jax.lax.convert_element_type(x, x.dtype)
+
+    return jax.tree.map(strong, tree)
+
+
+def _init_policy(pid: str, policy: Policy, key: jax.Array, hparams: Any) -> PolicyState:
+    """`policy.init(key, hparams)`; a `ValueError` about the hparams names the policy id."""
+    try:
+        return policy.init(key, hparams)
+    except ValueError as e:
+        raise ValueError(f"hparams[{pid!r}]: {e}") from None

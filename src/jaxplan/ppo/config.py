@@ -364,6 +364,53 @@ class PPOHParams:
             **{f.name: jnp.float32(getattr(config, f.name)) for f in dataclasses.fields(cls)}
         )
 
+    def merged(self, overrides: Any) -> PPOHParams:
+        """These hyper-parameters with `overrides`: None keeps them, a `PPOHParams` replaces
+        them, a mapping `{field: value}` (e.g. `{"lr": 1e-3}`) replaces those fields. Every
+        value is one f32 scalar (a number, a 0-d array, or a traced scalar under `vmap`).
+
+        Raises `ValueError` naming the offending field and what is valid.
+        """
+        names = [f.name for f in dataclasses.fields(self)]
+        if overrides is None:
+            return self
+        if isinstance(overrides, PPOHParams):
+            values = {n: getattr(overrides, n) for n in names}
+        elif isinstance(overrides, Mapping):
+            unknown = [k for k in overrides if k not in names]
+            if unknown:
+                close = difflib.get_close_matches(str(unknown[0]), names, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"unknown hyper-parameter(s) {unknown}.{hint} Valid (the traced PPO "
+                    f"config keys): {', '.join(names)}"
+                )
+            values = {n: overrides.get(n, getattr(self, n)) for n in names}
+        else:
+            raise ValueError(
+                f"got {overrides!r}; expected a PPOHParams or a mapping of its fields "
+                f"({', '.join(names)}) to numbers"
+            )
+        return PPOHParams(**{n: _hparam_scalar(v, repr(n)) for n, v in values.items()})
+
+
+def _hparam_scalar(value: Any, where: str) -> jnp.ndarray:
+    """`value` as an f32 scalar, or `ValueError` naming `where` and its shape or type."""
+    if isinstance(value, bool | str) or value is None:
+        raise ValueError(f"{where} = {value!r}: expected a number")
+    try:
+        array = jnp.asarray(value)
+    except TypeError as e:
+        raise ValueError(f"{where} = {value!r}: expected a number ({e})") from None
+    if array.shape != ():
+        raise ValueError(
+            f"{where} has shape {list(array.shape)}; each hyper-parameter is one scalar per "
+            "run (to sweep, vmap over keys and hparams: see `make_train` / `train_seeds`)"
+        )
+    if not (jnp.issubdtype(array.dtype, jnp.floating) or jnp.issubdtype(array.dtype, jnp.integer)):
+        raise ValueError(f"{where} has dtype {array.dtype}; expected a real number")
+    return array.astype(jnp.float32)
+
 
 if {f.name for f in dataclasses.fields(PPOHParams)} != set(TRACED_FIELDS):
     raise TypeError(

@@ -40,12 +40,16 @@ class PPOPolicy:
         clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else optax.identity()
         self.tx = optax.flatten(optax.chain(clip, optax.scale_by_adam(eps=1e-8)))
 
-    def init(self, key: jax.Array, hparams: PPOHParams | None = None) -> PolicyState:
+    def init(self, key: jax.Array, hparams: Any = None) -> PolicyState:
+        """Fresh params and optimizer state. `hparams`: the config's traced hyper-parameters
+        (None), a `PPOHParams`, or a mapping of some of its fields (`{"lr": 1e-3}`) to use
+        instead; a bad field or value is a `ValueError` naming it."""
+        hparams = PPOHParams.from_config(self.config).merged(hparams)
         params = init_actor_critic(self.model, key, self.obs_shape)
         return PolicyState(
             params=params,
             opt_state=self.tx.init(params),
-            hparams=PPOHParams.from_config(self.config) if hparams is None else hparams,
+            hparams=hparams,
             kl_coeff=jnp.float32(self.config.kl_coeff),
             version=jnp.zeros((), jnp.int32),
         )
