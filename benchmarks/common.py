@@ -127,7 +127,7 @@ def environment() -> dict[str, Any]:
 
     dev = jax.devices()[0]
     return {
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,

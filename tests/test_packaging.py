@@ -41,4 +41,3 @@ def test_every_floor_is_the_pinned_tested_version():
         if version != pinned:
             wrong.append(f"{requirement} (constraints.txt tests {name}=={pinned})")
     assert not wrong, "floors that CI does not test: " + "; ".join(wrong)
-
