@@ -152,11 +152,20 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="executions per case (median)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument(
+        "--unrolled-rng",
+        action="store_true",
+        help="lower threefry unrolled on the CPU (jaxplan.fast_rng) before compiling",
+    )
     add_common_args(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats = 50_000, 1
     apply_common_args(args)
+    if args.unrolled_rng:
+        from jaxplan.fast_rng import use_unrolled_threefry
+
+        print(f"# unrolled threefry on the CPU: {use_unrolled_threefry()}", flush=True)
     warm_up_backend()
 
     config, plan, n, steps = fixed_work_plan(args.steps)

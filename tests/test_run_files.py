@@ -198,19 +198,22 @@ def test_cli_stopped_before_its_first_iteration_leaves_the_folder(
 
 
 # ---- write errors ----------------------------------------------------------------------------
-def assert_whole(directory: Path, killed: bool = False) -> list[dict]:
+def assert_whole(directory: Path, killed_pid: int | None = None) -> list[dict]:
     """Every line parses, the latest checkpoint is the last line's (or, after SIGKILL between
-    the two, an earlier one: resume drops the rows after it), no temporary file."""
+    the two, an earlier one: resume drops the rows after it), no temporary file (after SIGKILL,
+    only the killed writer's own `.NAME.PID.tmp`, which the next run in the folder removes)."""
     rows = lines(directory / "result.jsonl")
     latest = read_checkpoint(directory)
     size = (directory / "result.jsonl").stat().st_size
-    if killed:
+    temporaries = [p.name for p in directory.rglob("*") if p.name.endswith(".tmp")]
+    if killed_pid is not None:
         assert latest["training_iteration"] <= rows[-1]["training_iteration"]
         assert latest["result_bytes"] <= size
+        assert [t for t in temporaries if not t.endswith(f".{killed_pid}.tmp")] == []
     else:
         assert latest["training_iteration"] == rows[-1]["training_iteration"]
         assert latest["result_bytes"] == size
-    assert [p for p in directory.rglob("*") if p.name.endswith(".tmp")] == []
+        assert temporaries == []
     return rows
 
 
@@ -387,7 +390,8 @@ def test_signals_lock_and_efbig_keep_files_whole_and_resumable(tmp_path):
         f"jaxplan: error: cannot write {tmp_path}/efbig/result.jsonl: File too large (EFBIG)\n"
     )
     assert (tmp_path / "kill" / ".lock").exists()  # SIGKILL left it: it must not block
-    before = {name: assert_whole(tmp_path / name, name == "kill") for name in runs}
+    killed = {"kill": runs["kill"].proc.pid}
+    before = {name: assert_whole(tmp_path / name, killed.get(name)) for name in runs}
     assert (tmp_path / "efbig" / "result.jsonl").stat().st_size <= EFBIG_LIMIT
     # every run resumes from its checkpoint and goes on; all four are one computation
     resumed = {name: Cli(env, tmp_path / name, resume=True) for name in before}

@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not use the persistent XLA compilation cache",
     )
     train.add_argument(
+        "--unrolled-rng",
+        action="store_true",
+        help="lower jax.random's threefry unrolled on the CPU: the same numbers; acting "
+        "1.7-2.8x, one-seed PPO 1.0-1.4x faster, ~1.2 s more compile (jaxplan.fast_rng)",
+    )
+    train.add_argument(
         "--max-nonfinite-iters",
         type=int,
         default=3,
@@ -471,6 +477,14 @@ def _train(args) -> int:
     interrupts = _defer_interrupts()  # until compiled: XLA must not see a KeyboardInterrupt
     if not args.no_compile_cache and not multi_process:
         enable_compile_cache()
+    if args.unrolled_rng:
+        from jaxplan.fast_rng import use_unrolled_threefry
+
+        if not use_unrolled_threefry():
+            print(
+                "jaxplan: --unrolled-rng: not available with this JAX; using its default",
+                file=sys.stderr,
+            )
     workers = build_workers(config)
     plan = execution_plan(workers, config)
     stop = Stop(

@@ -1,0 +1,65 @@
+"""jaxplan.fast_rng: the unrolled threefry lowering on the CPU gives the same bits without
+while loops. It reaches into JAX internals, so this test is the alarm for a JAX upgrade."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxplan
+from jaxplan.fast_rng import use_unrolled_threefry
+
+
+@pytest.fixture
+def unrolled():
+    assert use_unrolled_threefry(True), (
+        "jax._src.random.threefry2x32 / jax._src.interpreters.mlir moved: update "
+        "jaxplan/fast_rng.py for this JAX (the fallback leaves JAX's rolled lowering)"
+    )
+    yield
+    assert use_unrolled_threefry(False)
+
+
+def _draws(key):
+    k1, k2 = jax.random.split(key)
+    return (
+        jax.random.uniform(k1, (5,)),
+        jax.random.categorical(k2, jnp.log(jnp.asarray([0.2, 0.3, 0.5])), shape=(7,)),
+        jax.random.split(key, 3),
+    )
+
+
+def _while_loops(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).as_text().count("stablehlo.while")
+
+
+def test_same_bits_and_no_loops(unrolled):
+    key = jax.random.PRNGKey(3)
+    fast = jax.jit(lambda k: _draws(k))(key)  # a fresh function, lowered with the new rule
+    assert _while_loops(lambda k: _draws(k), key) == 0
+    use_unrolled_threefry(False)
+    rolled = jax.jit(lambda k: _draws(k))(key)
+    assert _while_loops(lambda k: _draws(k), key) > 0  # JAX's CPU default: rolled loops
+    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(rolled), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_ppo_run_is_the_same_run(unrolled):
+    config = {
+        "num_workers": 1,
+        "num_envs_per_worker": 4,
+        "rollout_fragment_length": 32,
+        "train_batch_size": 128,
+        "sgd_minibatch_size": 64,
+        "num_sgd_iter": 2,
+        "model": {"fcnet_hiddens": [8]},
+    }
+    plan = jaxplan.ppo_plan(config, env="CartPole-v1")
+    fast = jax.jit(lambda key: jaxplan.make_train(plan, 2)(key))(jax.random.PRNGKey(0))
+    use_unrolled_threefry(False)
+    rolled = jax.jit(lambda key: jaxplan.make_train(plan, 2)(key))(jax.random.PRNGKey(0))
+    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(rolled), strict=True):
+        if jnp.issubdtype(a.dtype, jnp.floating):  # another program: XLA may round otherwise
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        else:  # counters, episode counts, actions taken: the same random stream
+            np.testing.assert_array_equal(a, b)
