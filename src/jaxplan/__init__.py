@@ -15,6 +15,7 @@ from jaxplan.batch import (
 )
 from jaxplan.envs import Env
 from jaxplan.flow import Flow, Plan, Stage
+from jaxplan.models import register_model
 from jaxplan.plans import sample_only_plan
 from jaxplan.policy import Policy, PolicyState
 from jaxplan.ppo.config import PPOConfig, PPOHParams, preset_config
@@ -81,6 +82,7 @@ __all__ = [
     "make_train",
     "ppo_plan",
     "preset_config",
+    "register_model",
     "run_iterations",
     "sample_only_plan",
     "train_seeds",

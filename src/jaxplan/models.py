@@ -1,9 +1,50 @@
-"""Flax models: an MLP actor (action-distribution inputs) and an MLP critic, and their init."""
+"""Flax models: RLlib's default actor-critic networks, custom models, and their init.
+
+The default network is picked from the observation shape as RLlib's `ModelCatalog` does:
+rank-3 observations `[H, W, C]` get the vision net (a conv stack, then the fcnet layers),
+every other rank the fcnet (an MLP on the flattened observation). `build_model` returns an
+`ActorCriticNet`: a flax module as pure functions of `(params, obs)`.
+
+Custom models (RLlib's `model.custom_model`)
+--------------------------------------------
+`model.custom_model` is a name given to `register_model` (RLlib's
+`ModelCatalog.register_custom_model`), an import path `"package.module:attribute"`, or, in
+Python, the model itself. A model is either
+
+- a flax `nn.Module` subclass, built as `Model(num_outputs=num_outputs,
+  **custom_model_config)`, or
+- a factory `(obs_shape, num_outputs, model_config, custom_model_config) -> nn.Module`
+  (`model_config` is the policy's `ModelConfig`, `custom_model_config` its dict).
+
+The module's contract:
+
+- `__call__(obs [B, *obs_shape] float32) -> (action_dist_inputs [B, num_outputs],
+  value [B])`. Any leading batch dims of the caller are flattened to one `B` first (and
+  restored after), so the module sees exactly one batch axis.
+- `num_outputs` is what the action distribution takes (`jaxplan.distributions`): the logits
+  for `Discrete(n)` (`n`), `concat(mean, log_std)` for `Box` actions of `d` dims (`2 d`).
+- Optional methods `policy(obs) -> action_dist_inputs` and `value(obs) -> value` are used
+  when acting or computing values alone (else `__call__` is, and the unused half left to
+  XLA to drop). Share layers between them or not, as you like.
+- Params are the module's own `init` (its initializers; only the `params` collection: no
+  batch statistics or other mutable state).
+
+The shapes are checked when the policy is built (abstractly, before anything compiles): a
+module returning others is a `ValueError` naming them. A run saves the model's name in
+`params.json` (`model_name`): a registered name, or for a model passed directly its import
+path `"module:qualname"`; loading the run (`jaxplan.load_policy`, `jaxplan evaluate`)
+resolves that name again, so register the model (or make it importable) in the loading
+process. A model whose path cannot be imported (defined in a function or a notebook) is
+refused at load with a message saying so; register it under the saved name to load it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -11,22 +52,88 @@ import jax.numpy as jnp
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "swish": nn.swish, "linear": None}
 
+ConvFilter = tuple[int, tuple[int, int], tuple[int, int]]
+"""One conv layer, RLlib's `[out_channels, [kh, kw], stride]` (stride as `(sh, sw)`)."""
+
+MINATAR_FILTERS: tuple[ConvFilter, ...] = ((16, (3, 3), (1, 1)),)
+"""10x10 images (MinAtar): MinAtar's own baseline network (Young & Tian 2019), one 16-channel
+3x3 stride-1 conv, then the dense layers. (RLlib's 10x10 default, two 5x5 stride-2 convs, is
+meant for its test images; on 10x10xC frames it leaves 3x3 cells.)"""
+
+DEFAULT_FILTERS: dict[tuple[int, int], tuple[ConvFilter, ...]] = {
+    # RLlib's `get_filter_config` (ray 1.x rllib/models/utils.py): Atari frames
+    (84, 84): ((16, (8, 8), (4, 4)), (32, (4, 4), (2, 2)), (256, (11, 11), (1, 1))),
+    # RLlib's half-size Atari frames
+    (42, 42): ((16, (4, 4), (2, 2)), (32, (4, 4), (2, 2)), (256, (11, 11), (1, 1))),
+    (10, 10): MINATAR_FILTERS,
+}
+"""`conv_filters` picked from an image's `(H, W)` when `model.conv_filters` is None."""
+
+
+def get_filter_config(obs_shape: Sequence[int]) -> tuple[ConvFilter, ...]:
+    """The default `conv_filters` for images of shape `[H, W, C]` (`DEFAULT_FILTERS`, RLlib's
+    `get_filter_config`); `ValueError` naming the shape and the known sizes otherwise."""
+    filters = DEFAULT_FILTERS.get(tuple(obs_shape[:2])) if len(obs_shape) == 3 else None
+    if filters is None:
+        known = ", ".join(f"{h}x{w}xC" for h, w in DEFAULT_FILTERS)
+        raise ValueError(
+            f"model.conv_filters: no default conv stack for observations {list(obs_shape)} "
+            f"(defaults exist for {known}); set model.conv_filters, e.g. "
+            "[[16, [4, 4], 2], [32, [4, 4], 2]], or [] to flatten the image into the fcnet"
+        )
+    return filters
+
+
+def conv_output_shape(obs_shape: Sequence[int], filters: Sequence[ConvFilter]) -> tuple:
+    """`[H', W', C']` after the conv stack: 'same' padding for every layer but the last, which
+    is 'valid' (RLlib's VisionNet); `ValueError` naming the layer when an image is too small."""
+    h, w, c = obs_shape
+    for i, (out, (kh, kw), (sh, sw)) in enumerate(filters):
+        if i < len(filters) - 1:
+            h, w = -(-h // sh), -(-w // sw)
+        else:
+            if kh > h or kw > w:
+                raise ValueError(
+                    f"model.conv_filters[{i}]: kernel [{kh}, {kw}] is larger than its input "
+                    f"[{h}, {w}] (observations {list(obs_shape)}; the last conv is 'valid')"
+                )
+            h, w = (h - kh) // sh + 1, (w - kw) // sw + 1
+        c = out
+    return h, w, c
+
 
 class MLP(nn.Module):
-    """`obs [..., *obs_shape] -> [..., num_outputs]`; observations are flattened first.
+    """`obs [..., *obs_shape] -> [..., num_outputs]`: RLlib's fcnet on the flattened
+    observation, or with `conv_filters` its vision net's conv stack first (obs `[..., H, W,
+    C]`; 'same' padding but the last conv 'valid', each conv followed by `conv_activation`),
+    then the flattened features through the dense layers.
 
-    Layers are `Dense_0 .. Dense_{len(hiddens)}`; the last one is the output layer.
+    Layers are `Conv_0 ..` and `Dense_0 .. Dense_{len(hiddens)}`; the last is the output layer.
     """
 
     hiddens: Sequence[int]
     activation: str
     num_outputs: int
     obs_ndim: int
+    conv_filters: Sequence[ConvFilter] = ()
+    conv_activation: str = "relu"
 
     @nn.compact
     def __call__(self, obs: jnp.ndarray) -> jnp.ndarray:
         batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
-        x = obs.reshape(*batch_shape, -1).astype(jnp.float32)
+        if self.conv_filters:
+            x = obs.reshape(-1, *obs.shape[obs.ndim - 3 :]).astype(jnp.float32)
+            conv_act = ACTIVATIONS[self.conv_activation]
+            for i, (out, kernel, stride) in enumerate(self.conv_filters):
+                last = i == len(self.conv_filters) - 1
+                x = nn.Conv(out, tuple(kernel), tuple(stride), padding="VALID" if last else "SAME")(
+                    x
+                )
+                if conv_act is not None:
+                    x = conv_act(x)
+            x = x.reshape(*batch_shape, -1)
+        else:
+            x = obs.reshape(*batch_shape, -1).astype(jnp.float32)
         act = ACTIVATIONS[self.activation]
         for width in self.hiddens:
             x = nn.Dense(width)(x)
@@ -38,8 +145,9 @@ class MLP(nn.Module):
 class ActorCritic(nn.Module):
     """`obs -> (action_dist_inputs [..., num_outputs], value [...])`.
 
-    Separate actor and critic MLPs (RLlib's `vf_share_layers=False`), or one shared torso with a
-    policy head and a value head. Initialise with `init_actor_critic` (RLlib's normc init), not
+    Separate actor and critic networks (RLlib's `vf_share_layers=False`), or one shared torso
+    with a policy head and a value head; with `conv_filters` each network (or the shared
+    torso) starts with the conv stack. Initialise with `init_actor_critic` (RLlib's init), not
     with flax's default `init`.
     """
 
@@ -48,15 +156,22 @@ class ActorCritic(nn.Module):
     num_outputs: int
     obs_ndim: int
     share_layers: bool = False
+    conv_filters: Sequence[ConvFilter] = ()
+    conv_activation: str = "relu"
 
     def setup(self):
+        convs = {"conv_filters": self.conv_filters, "conv_activation": self.conv_activation}
         if self.share_layers:
-            self.torso = MLP(self.hiddens[:-1], self.activation, self.hiddens[-1], self.obs_ndim)
+            self.torso = MLP(
+                self.hiddens[:-1], self.activation, self.hiddens[-1], self.obs_ndim, **convs
+            )
             self.pi_head = nn.Dense(self.num_outputs)
             self.v_head = nn.Dense(1)
         else:
-            self.actor = MLP(self.hiddens, self.activation, self.num_outputs, self.obs_ndim)
-            self.critic = MLP(self.hiddens, self.activation, 1, self.obs_ndim)
+            self.actor = MLP(
+                self.hiddens, self.activation, self.num_outputs, self.obs_ndim, **convs
+            )
+            self.critic = MLP(self.hiddens, self.activation, 1, self.obs_ndim, **convs)
 
     def _features(self, obs):
         x = self.torso(obs)
@@ -92,24 +207,46 @@ def _kernel_std(model: ActorCritic, path: tuple[str, ...]) -> float:
     return 1.0
 
 
-def init_actor_critic(model: ActorCritic, key: jax.Array, obs_shape: tuple[int, ...]):
-    """Params of `model` with RLlib's `normc_initializer` (each kernel column, one unit's
-    incoming weights, is a normal draw scaled to norm `std`) and zero biases.
+def _is_conv(name: tuple[str, ...]) -> bool:
+    return name[-1] == "kernel" and name[-2].startswith("Conv_")
 
-    All kernels come from one normal draw sliced per layer: the same distribution as a draw per
-    layer, but one random-number kernel for XLA to compile instead of one per layer shape
-    (about 1.5-3 s less compile time on a 2-core CPU).
+
+def init_actor_critic(model: ActorCritic, key: jax.Array, obs_shape: tuple[int, ...]):
+    """Params of `model` with RLlib's inits and zero biases: dense kernels by
+    `normc_initializer` (each kernel column, one unit's incoming weights, is a normal draw
+    scaled to norm `std`), conv kernels Glorot-uniform (RLlib's `SlimConv2d`: xavier_uniform,
+    limit `sqrt(6 / (fan_in + fan_out))`, fans `kh*kw*in` and `kh*kw*out`).
+
+    All dense kernels come from one normal draw with `key` sliced per layer (conv kernels from
+    one uniform draw with `fold_in(key, 1)`): the same distribution as a draw per layer, but
+    one random-number kernel for XLA to compile instead of one per layer shape (about 1.5-3 s
+    less compile time on a 2-core CPU).
     """
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape)))
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     names = [tuple(k.key for k in path) for path, _ in flat]
-    sizes = [
-        math.prod(leaf.shape) if n[-1] == "kernel" else 0
-        for n, (_, leaf) in zip(names, flat, strict=True)
-    ]
-    draw = jax.random.normal(key, (sum(sizes),), jnp.float32)
-    leaves, offset = [], 0
-    for name, (_, leaf), size in zip(names, flat, sizes, strict=True):
+
+    def sizes(conv: bool) -> list[int]:
+        return [
+            math.prod(leaf.shape) if n[-1] == "kernel" and _is_conv(n) == conv else 0
+            for n, (_, leaf) in zip(names, flat, strict=True)
+        ]
+
+    dense_sizes, conv_sizes = sizes(False), sizes(True)
+    draw = jax.random.normal(key, (sum(dense_sizes),), jnp.float32)
+    if sum(conv_sizes):
+        uniform = jax.random.uniform(
+            jax.random.fold_in(key, 1), (sum(conv_sizes),), jnp.float32, -1.0, 1.0
+        )
+    leaves, offset, conv_offset = [], 0, 0
+    for name, (_, leaf), size, conv_size in zip(names, flat, dense_sizes, conv_sizes, strict=True):
+        if conv_size:
+            kh, kw, cin, cout = leaf.shape
+            limit = math.sqrt(6.0 / (kh * kw * (cin + cout)))
+            w = uniform[conv_offset : conv_offset + conv_size].reshape(leaf.shape)
+            conv_offset += conv_size
+            leaves.append(w * limit)
+            continue
         if size == 0:
             leaves.append(jnp.zeros(leaf.shape, leaf.dtype))
             continue
@@ -118,3 +255,224 @@ def init_actor_critic(model: ActorCritic, key: jax.Array, obs_shape: tuple[int, 
         std = _kernel_std(model, name[1:])  # drop the "params" collection
         leaves.append(w * (std / jnp.sqrt(jnp.sum(jnp.square(w), axis=0, keepdims=True))))
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+# ---- custom models --------------------------------------------------------------------------
+ModelFactory = Callable[[tuple[int, ...], int, Any, dict], nn.Module]
+"""`(obs_shape, num_outputs, model_config, custom_model_config) -> nn.Module`."""
+
+_REGISTRY: dict[str, Any] = {}
+
+
+def register_model(name: str, model: type[nn.Module] | ModelFactory) -> None:
+    """Makes `model` (a flax `nn.Module` subclass or a `ModelFactory`, see the module
+    docstring for the contract) available as `model.custom_model = name` (RLlib's
+    `ModelCatalog.register_custom_model`). Registering a name again replaces its model."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_model: the name must be a non-empty string, got {name!r}")
+    if not callable(model):
+        raise ValueError(
+            f"register_model({name!r}, ...): expected a flax nn.Module subclass or a factory "
+            f"(obs_shape, num_outputs, model_config, custom_model_config) -> nn.Module, "
+            f"got {model!r}"
+        )
+    _REGISTRY[name] = model
+
+
+def registered_models() -> list[str]:
+    """The names given to `register_model`, sorted."""
+    return sorted(_REGISTRY)
+
+
+def resolve_model(spec: Any) -> type[nn.Module] | ModelFactory:
+    """The model that `model.custom_model = spec` names: a registered name, an import path
+    `"module:attribute"`, or the model itself; `ValueError` naming the registered names when
+    a name is neither registered nor importable."""
+    if not isinstance(spec, str):
+        if callable(spec) and not isinstance(spec, nn.Module):
+            return spec
+        raise ValueError(
+            f"model.custom_model = {spec!r}: expected a registered name, 'module:attribute', "
+            "a flax nn.Module subclass or a model factory (not a module instance: the model "
+            "is built for the env's num_outputs)"
+        )
+    if spec in _REGISTRY:
+        return _REGISTRY[spec]
+    known = ", ".join(map(repr, registered_models())) or "none"
+    if ":" not in spec:
+        raise ValueError(
+            f"model.custom_model = {spec!r}: no model registered under this name; registered: "
+            f"{known} (jaxplan.register_model(name, model), or give 'module:attribute')"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as e:  # noqa: BLE001 - any import failure is the same user error
+        raise ValueError(
+            f"model.custom_model = {spec!r}: cannot import it ({type(e).__name__}: {e}); "
+            f"registered names: {known}. Register the model under this name "
+            "(jaxplan.register_model) in this process to use it"
+        ) from None
+    return resolve_model(obj)
+
+
+def model_name(spec: Any) -> str | None:
+    """What a run saves for `model.custom_model = spec`: the name itself, the name a model was
+    registered under, or the model's import path `"module:qualname"`."""
+    if spec is None or isinstance(spec, str):
+        return spec
+    for name, model in _REGISTRY.items():
+        if model is spec:
+            return name
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorCriticNet:
+    """A flax actor-critic `module` as pure functions of `(params, obs [*B, *obs_shape])`:
+    `init(key) -> params`, `policy -> action_dist_inputs [*B, num_outputs]`, `value -> [*B]`,
+    and `__call__ -> (action_dist_inputs, value)`. `custom` modules get their batch dims
+    flattened to one and their own `init`; the default `ActorCritic` gets RLlib's init."""
+
+    module: nn.Module
+    obs_shape: tuple[int, ...]
+    num_outputs: int
+    custom: bool = False
+
+    def init(self, key: jax.Array) -> Any:
+        if not self.custom:
+            return init_actor_critic(self.module, key, self.obs_shape)
+        variables = self.module.init(key, jnp.zeros((1, *self.obs_shape)))
+        return {"params": variables.get("params", {})}
+
+    def _apply(self, params, obs, method: str | None):
+        if not self.custom:
+            fn = getattr(ActorCritic, method) if method else None
+            return self.module.apply(params, obs, method=fn)
+        batch = obs.shape[: obs.ndim - len(self.obs_shape)]
+        flat = obs.reshape(-1, *self.obs_shape).astype(jnp.float32)
+        if method and hasattr(type(self.module), method):
+            out = self.module.apply(params, flat, method=getattr(type(self.module), method))
+        else:
+            out = self.module.apply(params, flat)
+            if method:
+                out = out[0 if method == "policy" else 1]
+        return jax.tree.map(lambda x: x.reshape(*batch, *x.shape[1:]), out)
+
+    def policy(self, params: Any, obs: jax.Array) -> jax.Array:
+        return self._apply(params, obs, "policy")
+
+    def value(self, params: Any, obs: jax.Array) -> jax.Array:
+        return self._apply(params, obs, "value")
+
+    def __call__(self, params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self._apply(params, obs, None)
+
+    def check_shapes(self, name: str) -> None:
+        """Raises `ValueError` naming the shapes when the module's outputs for `obs [2,
+        *obs_shape]` are not `([2, num_outputs], [2])` (traced abstractly: nothing runs)."""
+        obs = jax.ShapeDtypeStruct((2, *self.obs_shape), jnp.float32)
+        want = f"(action_dist_inputs [2, {self.num_outputs}], value [2])"
+        dims = ", ".join(map(str, self.obs_shape))
+        try:
+            variables = jax.eval_shape(
+                self.module.init, jax.random.PRNGKey(0), jnp.zeros((1, *self.obs_shape))
+            )
+        except Exception as e:
+            raise ValueError(
+                f"custom_model {name}: init on observations [1, {dims}] failed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        extra = sorted(set(variables) - {"params"})
+        if extra:
+            raise ValueError(
+                f"custom_model {name}: has variable collections {extra} besides 'params'; "
+                "only params are trained and saved (no batch statistics or other state)"
+            )
+        params = {"params": variables.get("params", {})}
+
+        def shapes(method: str | None):
+            flat = self.module.apply if method is None else self._apply
+            try:
+                if method is None:
+                    out = jax.eval_shape(lambda p, o: flat(p, o), params, obs)
+                else:
+                    out = jax.eval_shape(lambda p, o: flat(p, o, method), params, obs)
+            except Exception as e:
+                raise ValueError(
+                    f"custom_model {name}: {method or '__call__'}(obs {list(obs.shape)}) failed: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+            return out
+
+        def shape(x):
+            return list(x.shape) if hasattr(x, "shape") else repr(x)
+
+        out = shapes(None)
+        ok = (
+            isinstance(out, tuple)
+            and len(out) == 2
+            and all(hasattr(x, "shape") for x in out)
+            and tuple(out[0].shape) == (2, self.num_outputs)
+            and tuple(out[1].shape) == (2,)
+        )
+        if not ok:
+            got = (
+                "(" + ", ".join(str(shape(x)) for x in out) + ")"
+                if isinstance(out, tuple)
+                else shape(out)
+            )
+            raise ValueError(
+                f"custom_model {name}: __call__(obs {list(obs.shape)}) must return {want}, "
+                f"got {got}"
+            )
+        for method, expected in (("policy", (2, self.num_outputs)), ("value", (2,))):
+            if hasattr(type(self.module), method):
+                got = shapes(method)
+                if tuple(getattr(got, "shape", ())) != expected or not hasattr(got, "shape"):
+                    raise ValueError(
+                        f"custom_model {name}: {method}(obs {list(obs.shape)}) must return "
+                        f"{list(expected)}, got {shape(got)}"
+                    )
+
+
+def build_model(obs_shape: tuple[int, ...], num_outputs: int, config: Any) -> ActorCriticNet:
+    """The actor-critic for observations `obs_shape` and `num_outputs` distribution inputs
+    from a `ModelConfig`: its `custom_model` if set (shapes checked), else RLlib's default
+    (`ActorCritic`: the vision net for rank-3 observations, with `conv_filters` or the
+    defaults for the image size, else the fcnet)."""
+    obs_shape = tuple(obs_shape)
+    if config.custom_model is not None:
+        model = resolve_model(config.custom_model)
+        custom_config = dict(config.custom_model_config)
+        if isinstance(model, type) and issubclass(model, nn.Module):
+            module = model(num_outputs=num_outputs, **custom_config)
+        else:
+            module = model(obs_shape, num_outputs, config, custom_config)
+        name = repr(model_name(config.custom_model))
+        if not isinstance(module, nn.Module):
+            raise ValueError(
+                f"custom_model {name}: the factory returned {module!r}, not an nn.Module"
+            )
+        net = ActorCriticNet(module, obs_shape, num_outputs, custom=True)
+        net.check_shapes(name)
+        return net
+    filters: tuple = ()
+    if len(obs_shape) == 3:
+        filters = (
+            get_filter_config(obs_shape) if config.conv_filters is None else config.conv_filters
+        )
+        if filters:
+            conv_output_shape(obs_shape, filters)
+    module = ActorCritic(
+        hiddens=tuple(config.fcnet_hiddens),
+        activation=config.fcnet_activation,
+        num_outputs=num_outputs,
+        obs_ndim=len(obs_shape),
+        share_layers=config.vf_share_layers,
+        conv_filters=tuple(filters),
+        conv_activation=config.conv_activation,
+    )
+    return ActorCriticNet(module, obs_shape, num_outputs)

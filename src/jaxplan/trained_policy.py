@@ -59,12 +59,8 @@ class TrainedPolicy:
 
         self._act = jax.jit(act, static_argnames="explore")
         self._value = None
-        if hasattr(policy, "model"):  # an actor-critic (PPOPolicy)
-            from jaxplan.models import ActorCritic
-
-            self._value = jax.jit(
-                lambda params, obs: policy.model.apply(params, obs, method=ActorCritic.value)
-            )
+        if hasattr(policy, "value"):  # an actor-critic (PPOPolicy)
+            self._value = jax.jit(policy.value)
 
     def act(self, obs: Any, key: jax.Array | None = None, explore: bool = False) -> jax.Array:
         """The env actions for `obs` (`[*observation_shape]` -> one action, `[*B,

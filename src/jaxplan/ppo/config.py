@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxplan.batch import DEFAULT_POLICY_ID
-from jaxplan.models import ACTIVATIONS
+from jaxplan.models import ACTIVATIONS, ConvFilter, model_name, resolve_model
 from jaxplan.multi_agent import is_multi_agent_env
 from jaxplan.ppo.presets import PRESETS
 from jaxplan.stages.concat_batches import COUNT_STEPS_BY
@@ -64,9 +64,25 @@ Schedule = tuple[tuple[float, float], ...]
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """RLlib's `model` block (`jaxplan.models`: the networks and the custom-model contract).
+
+    The default network follows the observation shape: rank-3 `[H, W, C]` observations get
+    the vision net (`conv_filters` with `conv_activation`, flattened, then the fcnet layers),
+    other ranks the fcnet (`fcnet_hiddens`, `fcnet_activation`). `conv_filters` is a list of
+    `[out_channels, [kh, kw], stride]` (kernel and stride an int or a pair); None picks
+    `jaxplan.models.get_filter_config`'s default for the image size (84x84, 42x42: RLlib's;
+    10x10 (MinAtar): MinAtar's one 16-channel 3x3 conv); `[]` flattens images into the fcnet
+    (jaxplan's; RLlib has no such setting). `custom_model` replaces the default network: a
+    name given to `jaxplan.register_model`, an import path `"module:attribute"`, or in Python
+    a flax module class or factory; `custom_model_config` is passed to it."""
+
     fcnet_hiddens: tuple[int, ...] = (256, 256)
     fcnet_activation: str = "tanh"
     vf_share_layers: bool = False
+    conv_filters: tuple[ConvFilter, ...] | None = None
+    conv_activation: str = "relu"
+    custom_model: Any = None
+    custom_model_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +214,7 @@ class PPOConfig:
             if dataclasses.is_dataclass(v):
                 v = {g.name: _plain(getattr(v, g.name)) for g in dataclasses.fields(v)}
             out[_key(f.name)] = _plain(v)
-        return out
+        return _named_models(out)
 
     # ---- validation ---------------------------------------------------------------------
     def validate(self) -> PPOConfig:
@@ -287,6 +303,27 @@ class PPOConfig:
             "model.fcnet_activation",
             f"must be one of {sorted(ACTIVATIONS)}",
         )
+        check(
+            self.model.conv_activation in ACTIVATIONS,
+            "model.conv_activation",
+            f"must be one of {sorted(ACTIVATIONS)}",
+        )
+        check(
+            self.model.conv_filters is None
+            or all(
+                out >= 1 and min(kernel) >= 1 and min(stride) >= 1
+                for out, kernel, stride in self.model.conv_filters
+            ),
+            "model.conv_filters",
+            "channels, kernel sizes and strides must be >= 1",
+        )
+        if self.model.custom_model is not None:
+            try:
+                resolve_model(self.model.custom_model)
+            except ValueError as e:
+                raise ValueError(
+                    str(e).replace("model.custom_model", "config['model.custom_model']", 1)
+                ) from None
         for key in (
             "vtrace_clip_rho_threshold",
             "vtrace_clip_pg_rho_threshold",
@@ -439,6 +476,16 @@ def _numbers(tree: Any, prefix: str = "") -> typing.Iterator[tuple[str, int | fl
         yield prefix, tree
 
 
+def _named_models(tree: Any) -> Any:
+    """`tree` (a `to_dict` result) with every `custom_model` given by a model object replaced
+    by the name a run saves (`jaxplan.models.model_name`)."""
+    if isinstance(tree, Mapping):
+        return {
+            k: model_name(v) if k == "custom_model" else _named_models(v) for k, v in tree.items()
+        }
+    return tree
+
+
 def _plain(v):
     if isinstance(v, tuple):
         return list(v)
@@ -509,7 +556,31 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
 
 
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-_PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+_PLURAL = {
+    bool: "booleans",
+    int: "integers",
+    float: "numbers",
+    str: "strings",
+    ConvFilter: "[out_channels, [kh, kw], stride] filters",
+}
+
+
+def _conv_filter(value: Any) -> ConvFilter:
+    """RLlib's `[out_channels, kernel, stride]` (kernel and stride an int or a pair) as
+    `(out, (kh, kw), (sh, sw))`; `TypeError` otherwise."""
+
+    def pair(x):
+        if isinstance(x, int) and not isinstance(x, bool):
+            return (x, x)
+        if isinstance(x, list | tuple) and len(x) == 2:
+            return (_coerce(x[0], int), _coerce(x[1], int))
+        raise TypeError("pair")
+
+    try:
+        out, kernel, stride = value
+        return (_coerce(out, int), pair(kernel), pair(stride))
+    except (TypeError, ValueError):
+        raise TypeError(f"a list of {_PLURAL[ConvFilter]}") from None
 
 
 def _plural(tp: Any) -> str:
@@ -532,6 +603,10 @@ def _coerce(value: Any, tp: Any) -> Any:
     """`value` as type `tp` (`bool`, `int`, `float`, `str`, `X | None`, `tuple[X, ...]`,
     `Mapping[...]`), the way a JSON/YAML config means it: integral floats are ints, ints are
     floats, bools are neither, lists are tuples. Raises `TypeError(what was expected)`."""
+    if tp is Any:
+        return value
+    if tp == ConvFilter:
+        return _conv_filter(value)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:

@@ -12,7 +12,7 @@ from jaxplan import batch as sb
 from jaxplan.distributions import distribution_for
 from jaxplan.envs import ActionSpace
 from jaxplan.gae import compute_gae
-from jaxplan.models import ActorCritic, init_actor_critic
+from jaxplan.models import build_model
 from jaxplan.policy import PolicyState
 from jaxplan.ppo.config import PPOConfig, PPOHParams
 from jaxplan.ppo.loss import ppo_loss
@@ -26,13 +26,9 @@ class PPOPolicy:
         self.obs_shape = tuple(obs_shape)
         self.dist = distribution_for(action_space)
         self.config = config
-        self.model = ActorCritic(
-            hiddens=tuple(config.model.fcnet_hiddens),
-            activation=config.model.fcnet_activation,
-            num_outputs=self.dist.num_inputs,
-            obs_ndim=len(self.obs_shape),
-            share_layers=config.model.vf_share_layers,
-        )
+        # the custom model or RLlib's default for the observation shape (jaxplan.models)
+        self.net = build_model(self.obs_shape, self.dist.num_inputs, config.model)
+        self.model = self.net.module
         self.use_kl_loss = config.kl_coeff > 0
         # Adam without its learning rate: the (traced) lr is applied in `apply_gradients`.
         # `optax.flatten` runs the optimizer on one vector of all params: the same update, but
@@ -45,7 +41,7 @@ class PPOPolicy:
         (None), a `PPOHParams`, or a mapping of some of its fields (`{"lr": 1e-3}`) to use
         instead; a bad field or value is a `ValueError` naming it."""
         hparams = PPOHParams.from_config(self.config).merged(hparams)
-        params = init_actor_critic(self.model, key, self.obs_shape)
+        params = self.net.init(key)
         return PolicyState(
             params=params,
             opt_state=self.tx.init(params),
@@ -54,8 +50,12 @@ class PPOPolicy:
             version=jnp.zeros((), jnp.int32),
         )
 
+    def value(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The critic's values: `obs [*B, *obs_shape] -> [*B]`."""
+        return self.net.value(params, obs)
+
     def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True):
-        inputs = self.model.apply(params, obs, method=ActorCritic.policy)
+        inputs = self.net.policy(params, obs)
         if explore:
             actions = self.dist.sample(key, inputs)
         else:
@@ -72,7 +72,7 @@ class PPOPolicy:
         advantages and value targets instead, correcting for the params that acted (their
         log-probs are in the trajectory) not being `params` (async rollouts)."""
         obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
-        values = self.model.apply(params, obs_and_next, method=ActorCritic.value)
+        values = self.net.value(params, obs_and_next)
         vf_preds, next_values = jnp.split(values, 2, axis=0)
         fragment = (
             traj[sb.REWARDS],
@@ -84,7 +84,7 @@ class PPOPolicy:
             hparams.lambda_,
         )
         if self.config.vtrace:
-            inputs = self.model.apply(params, traj[sb.OBS], method=ActorCritic.policy)
+            inputs = self.net.policy(params, traj[sb.OBS])
             value_targets, advantages = vtrace(
                 traj[sb.ACTION_LOGP],
                 self.dist.log_prob(inputs, traj[sb.ACTIONS]),
@@ -110,7 +110,7 @@ class PPOPolicy:
         batch: sb.SampleBatch,
         axis_name: str | None = None,
     ):
-        inputs, values = self.model.apply(params, batch[sb.OBS])
+        inputs, values = self.net(params, batch[sb.OBS])
         return ppo_loss(
             logp=self.dist.log_prob(inputs, batch[sb.ACTIONS]),
             old_logp=batch[sb.ACTION_LOGP],
