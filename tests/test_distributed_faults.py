@@ -51,7 +51,9 @@ class _Proc:
         cmd = [sys.executable, "-m", "jaxplan.cli", "train", "ppo", *config, "--no-compile-cache"]
         cmd += ["--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2"]
         cmd += ["--process-id", str(pid), "--distributed-timeout", str(timeout_s), *extra]
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+        # PYTHONFAULTHANDLER: a process that hangs past `exit`'s timeout dumps its threads'
+        # Python stacks on SIGABRT, so the failure says where it hung
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONFAULTHANDLER": "1"}
         for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
             env.pop(var, None)
         self.port, self.lines = port, {"out": [], "err": []}
@@ -80,7 +82,15 @@ class _Proc:
 
     def exit(self, timeout: float) -> tuple[int, float]:
         """The exit status, and when the last line of stderr was read (waits `timeout`)."""
-        code = self.popen.wait(timeout=timeout)
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            self.popen.wait(timeout=30)
+            time.sleep(0.5)
+            raise AssertionError(
+                f"still running after {timeout} s; its stderr:\n" + "\n".join(self.lines["err"])
+            ) from None
         time.sleep(0.2)  # the reader threads drain the pipes
         return code, self.seen.get(self.last_err, time.monotonic())
 
