@@ -180,9 +180,9 @@ def test_evaluation_and_step_envs_apply_the_statistics_frozen():
     state = plan.init(jax.random.PRNGKey(4))
     key = state.stages["evaluation"].key
     state, result = jax.jit(plan.step)(state)
-    # the statistics hold the training rounds' observations alone (4 reset, 32 new, one reset
+    # the statistics hold the training round's observations alone (4 reset, 64 new, one reset
     # per finished episode), none of the evaluation episodes'
-    assert float(state.obs_filters[PID].count) == 4 + 32 + int(state.episodes.num_episodes)
+    assert float(state.obs_filters[PID].count) == 4 + 64 + int(state.episodes.num_episodes)
     params = {pid: ps.params for pid, ps in state.policies.items()}
     expected = evaluate(
         plan.workers, params, jax.random.split(key)[1], num_episodes=2, filters=state.obs_filters
