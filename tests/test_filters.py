@@ -303,23 +303,39 @@ def test_loaded_policy_filters_with_the_checkpoint_statistics(resumed_and_whole)
     logits = np.asarray(policy.policy.net.policy(policy.params, filtered))
     np.testing.assert_array_equal(np.asarray(policy.act(obs)), np.argmax(logits, -1))
     values = policy.policy.net.value(policy.params, filtered)
-    np.testing.assert_allclose(policy.value(obs), values, rtol=1e-6)
+    np.testing.assert_allclose(policy.value(obs), values, rtol=1e-5, atol=1e-6)
 
 
 def devices_report() -> dict:
-    """Two PPO iterations on 4 devices and on 1: their statistics (run in a subprocess)."""
-    config = {**TINY, "num_workers": 4, "train_batch_size": 128}
-    out = {"devices": jax.device_count()}
-    for name, n in (("one", 0), ("four", 4)):
-        plan = ppo_plan({**config, "num_devices": n}, env="CartPole-v1")
-        state = plan.init(jax.random.PRNGKey(7))
-        step = jax.jit(plan.step)
-        stats = []
-        for _ in range(2):
-            state, _ = step(state)
-            f = jax.device_get(state.obs_filters[PID])
-            stats.append([float(f.count), np.asarray(f.mean).tolist(), np.asarray(f.m2).tolist()])
-        out[name] = stats
+    """Three PPO rollout rounds (params fixed) sharded on 4 devices and on 1 from one state:
+    each round's statistics and the largest difference of the filtered observations (run in
+    a subprocess)."""
+    from jax.sharding import PartitionSpec as P
+
+    from jaxplan import build_workers, preset_config
+    from jaxplan.devices import AXIS
+
+    config = {**TINY, "num_workers": 4}
+    one = build_workers(preset_config("CartPole-v1", config))
+    many = build_workers(preset_config("CartPole-v1", {**config, "num_devices": 4}))
+    specs = many.state_specs()
+    sharded = jax.shard_map(
+        ParallelRollouts(many).pull, mesh=many.mesh, in_specs=(specs,), out_specs=(specs, P(AXIS))
+    )
+    pulls = {"one": jax.jit(ParallelRollouts(one).pull), "four": jax.jit(sharded)}
+    state0 = one.init(jax.random.PRNGKey(7))
+    states = {"one": state0, "four": many.place(state0, specs)}
+    out = {"devices": jax.device_count(), "one": [], "four": [], "obs_max_diff": []}
+    t, g, e = 16, 1, 2  # per device: T steps x 1 group x 2 envs, device-major rows
+    for _ in range(3):
+        obs = {}
+        for name, pull in pulls.items():
+            states[name], batch = pull(states[name])
+            f = jax.device_get(states[name].obs_filters[PID])
+            out[name].append([float(f.count), f.mean.tolist(), f.m2.tolist()])
+            obs[name] = np.asarray(batch.policy_batches[PID]["obs"])
+        four = obs["four"].reshape(4, t, g, e, 4).transpose(1, 0, 2, 3, 4).reshape(-1, 4)
+        out["obs_max_diff"].append(float(np.max(np.abs(four - obs["one"]))))
     return out
 
 
@@ -332,10 +348,14 @@ def test_four_devices_hold_the_one_device_statistics():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["devices"] == 4
+    counts = []
     for (n1, mean1, m21), (n4, mean4, m24) in zip(out["one"], out["four"], strict=True):
-        assert n1 == n4 > 4
+        assert n1 == n4
+        counts.append(n1)
         np.testing.assert_allclose(mean4, mean1, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(m24, m21, rtol=1e-5)
+    assert counts == sorted(counts) and counts[0] >= 8 + 128  # reset obs + one round's
+    assert max(out["obs_max_diff"]) < 1e-4
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["devices"]:
