@@ -207,6 +207,23 @@ def test_evaluation_and_step_envs_apply_the_statistics_frozen():
     np.testing.assert_array_equal(tr[PID]["obs"], frozen[PID]["obs"])  # step_envs stores raw obs
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["two_policies", "shared_policy"])
+def test_multi_agent_statistics_per_policy(shared):
+    mapping = {"agent_0": "p0", "agent_1": "p0" if shared else "p1"}
+    policies = {"p0": {}} if shared else {"p0": {}, "p1": {}}
+    config = {**TINY, "multiagent": {"policies": policies, "policy_mapping": mapping}}
+    workers = ppo_plan(config, env="MultiAgentCartPole").workers
+    state = workers.init(jax.random.PRNGKey(3))
+    state, batch = jax.jit(ParallelRollouts(workers).pull)(state)
+    episodes = int(state.episodes.num_episodes)  # both agents' episodes end together
+    for pid, agents in workers.policy_agents.items():
+        count = float(state.obs_filters[pid].count)
+        assert count == len(agents) * (4 + 64 + episodes)
+        assert float(np.abs(batch.policy_batches[pid]["obs"]).max()) <= 10.0
+    if not shared:  # each policy's own statistics (the agents' poles differ)
+        assert not np.allclose(state.obs_filters["p0"].mean, state.obs_filters["p1"].mean)
+
+
 class Signed:
     """Toy env with rewards of both signs and several sizes: `(2a - 1) * 1.5 * (t % 4) - 0.25`
     at step `t` of 5-step episodes; obs `[t, t^2]`."""
