@@ -89,9 +89,9 @@ class Counters:
 class PlanState:
     """Everything a plan reads and writes; one explicit pytree.
 
-    The core (policies, actor groups, episode windows, counters, key) is what every plan has;
-    `stages` holds each stateful stage's own state, keyed by the stage's name in the plan
-    (`jaxplan.flow.Stage`), so no core type grows a field for one stage.
+    The core (policies, actor groups, observation filters, episode windows, counters, key) is
+    what every plan has; `stages` holds each stateful stage's own state, keyed by the stage's
+    name in the plan (`jaxplan.flow.Stage`), so no core type grows a field for one stage.
 
     `obs_filters` is RLlib's `RolloutWorker.filters`: per policy the running observation
     statistics of `observation_filter="MeanStdFilter"` (`{}` with "NoFilter"), replicated.
