@@ -678,6 +678,7 @@ def _rollout(args) -> int:
             num_episodes=args.episodes,
             explore=args.explore,
             env=env,
+            filters=run.seed_filters(seed),
         )
         write_gif(env, states, rets, args.gif)
         print(f"jaxplan: wrote {args.gif} ({len(states)} frames: episode 1)")

@@ -68,12 +68,13 @@ def record_episode(
     explore: bool = False,
     env: Any = None,
     max_steps: int | None = None,
+    filters: dict[str, Any] | None = None,
 ) -> tuple[list[Any], np.ndarray]:
     """Episode 1 of `jaxplan.stages.evaluation.evaluate(workers, params, key, num_episodes=...,
     explore=..., env=...)` (the same actor groups and keys), stepped on the host: the env
     state each action was taken in (one per step, single-env pytrees) and the return after
     each step (`[steps]`, summed over agents), until the episode ends or `max_steps`
-    (default: the env's limit)."""
+    (default: the env's limit). `filters`: the run's observation filters (frozen)."""
     ew = evaluation_workers(workers, num_episodes, env)
     limit = max_steps or episode_step_limit(ew.ma_env)
     k_reset, k_steps = jax.random.split(key)
@@ -82,7 +83,13 @@ def record_episode(
     @jax.jit
     def step(params, actors, t):
         actors, _, (done, ep_return, _) = step_envs(
-            ew, params, actors, jax.random.fold_in(k_steps, t), None, explore=explore
+            ew,
+            params,
+            actors,
+            jax.random.fold_in(k_steps, t),
+            None,
+            explore=explore,
+            filters=filters,
         )
         return actors, done[0, 0], ep_return[0, 0].sum()
 

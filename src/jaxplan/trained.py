@@ -54,11 +54,24 @@ class TrainedRun:
             raise ValueError(
                 f"{self.directory}: seed {seed!r} is not one of the run's seeds {self.seeds}"
             )
-        params = self.policy_params()
+        return self._of_seed(self.policy_params(), seed)
+
+    def seed_filters(self, seed: int | None = None) -> dict[str, Any]:
+        """`{policy_id: MeanStd}`: the observation filters of run seed `seed` (default: the
+        run's first seed) as they were at the checkpoint (`{}` without `observation_filter`);
+        a trained policy applies them frozen."""
+        return self._of_seed(self.state.obs_filters, seed)
+
+    def _of_seed(self, tree: Any, seed: int | None) -> Any:
+        seed = self.seeds[0] if seed is None else seed
+        if isinstance(seed, bool) or seed not in self.seeds:
+            raise ValueError(
+                f"{self.directory}: seed {seed!r} is not one of the run's seeds {self.seeds}"
+            )
         if len(self.seeds) == 1:
-            return params
+            return tree
         i = self.seeds.index(seed)
-        return jax.tree.map(lambda x: x[i], params)
+        return jax.tree.map(lambda x: x[i], tree)
 
     def evaluation_env(self, env_config: dict | None = None):
         """The run's evaluation env: its env with `evaluation_config.env_config` over its
@@ -83,25 +96,33 @@ class TrainedRun:
         compiled program for all seeds (`seeds`: the run seeds to evaluate, default all);
         returns per seed RLlib's evaluation metrics (Python numbers, plus `seed`).
         Deterministic actions unless `explore`; the episodes' key is
-        `fold_in(PRNGKey(seed), run seed)`."""
+        `fold_in(PRNGKey(seed), run seed)`. Observations go through the seed's filters,
+        frozen (`seed_filters`)."""
         from jaxplan.stages.evaluation import evaluate
         from jaxplan.stages.metrics import result_to_host
 
         seeds = self.seeds if seeds is None else list(seeds)
         params = [self.seed_params(s) for s in seeds]  # checks the seeds
+        filters = [self.seed_filters(s) for s in seeds]
         workers = self.plan.workers
         changed = env_config or self.config.evaluation_config.env_config
         env = self.evaluation_env(env_config) if changed else None
 
-        def one(params, key):
+        def one(params, filters, key):
             return evaluate(
-                workers, params, key, num_episodes=num_episodes, explore=explore, env=env
+                workers,
+                params,
+                key,
+                num_episodes=num_episodes,
+                explore=explore,
+                env=env,
+                filters=filters,
             )
 
         base = jax.random.PRNGKey(seed)
         keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(np.asarray(seeds))
-        params = jax.tree.map(lambda *xs: np.stack(xs), *params)
-        out = jax.device_get(jax.jit(jax.vmap(one))(params, keys))
+        params, filters = jax.tree.map(lambda *xs: np.stack(xs), *zip(params, filters, strict=True))
+        out = jax.device_get(jax.jit(jax.vmap(one))(params, filters, keys))
         return [
             {"seed": s, **result_to_host(jax.tree.map(lambda x, i=i: x[i], out))}
             for i, s in enumerate(seeds)
@@ -139,8 +160,11 @@ def load_run(directory: str | os.PathLike, which: str | int = "latest") -> Train
     keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds))
     target = jax.eval_shape(init, keys[0] if len(seeds) == 1 else keys)
     target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), target)
+    saved = raw["state"]
+    if isinstance(saved, dict) and "obs_filters" not in saved:  # written before the filters
+        saved = {**saved, "obs_filters": {}}
     try:
-        state = serialization.from_state_dict(target, raw["state"])
+        state = serialization.from_state_dict(target, saved)
     except (ValueError, KeyError) as e:
         raise ValueError(f"{directory}: the checkpoint does not fit the run's plan: {e}") from None
     for (path, x), t in zip(

@@ -11,7 +11,8 @@ sampled = policy.act(obs, jax.random.PRNGKey(0), explore=True)
 
 Loading checks the checkpoint against the network the run's config builds (`load_run`) and the
 env to act in against the network's observation and action shapes, and refuses a mismatch
-naming both.
+naming both. A run trained with `observation_filter="MeanStdFilter"` filters the observations
+with the checkpoint's statistics, frozen (`obs_filter`), before the network sees them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from jaxplan.trained import TrainedRun, load_run, read_params
 class TrainedPolicy:
     """Policy `policy_id` of run seed `seed` at training iteration `iteration` of the run in
     `directory`: its `config`, its (static) `policy`, its `params` (host arrays), the `env` it
-    acts in, and that env's `observation_shape` and `action_space` for this policy.
+    acts in, that env's `observation_shape` and `action_space` for this policy, and the
+    run's observation filter `obs_filter` (`jaxplan.filters.MeanStd`, applied frozen; None
+    without `observation_filter`).
 
     `act` and `value` take one observation `[*observation_shape]` or a batch
     `[*B, *observation_shape]` and are jitted (one compile per input shape)."""
@@ -48,19 +51,24 @@ class TrainedPolicy:
         self.config: PPOConfig = run.config
         self.policy = run.plan.workers.policies[policy_id]
         self.params = run.seed_params(seed)[policy_id]
+        self.obs_filter = run.seed_filters(seed).get(policy_id)
         self.env = env
         self.observation_shape, self.action_space = check_env(run, policy_id, env)
         self.normalize_actions = run.plan.workers.normalize_actions
         policy, space, normalize = self.policy, self.action_space, self.normalize_actions
+        obs_filter = self.obs_filter
+
+        def seen(obs):
+            return obs if obs_filter is None else obs_filter(obs)
 
         def act(params, obs, key, explore):
-            actions, _ = policy.compute_actions(params, obs, key, explore=explore)
+            actions, _ = policy.compute_actions(params, seen(obs), key, explore=explore)
             return to_env_action(space, actions, normalize_actions=normalize)
 
         self._act = jax.jit(act, static_argnames="explore")
         self._value = None
         if hasattr(policy, "value"):  # an actor-critic (PPOPolicy)
-            self._value = jax.jit(policy.value)
+            self._value = jax.jit(lambda params, obs: policy.value(params, seen(obs)))
 
     def act(self, obs: Any, key: jax.Array | None = None, explore: bool = False) -> jax.Array:
         """The env actions for `obs` (`[*observation_shape]` -> one action, `[*B,
@@ -75,7 +83,8 @@ class TrainedPolicy:
         return self._act(self.params, obs, key, explore=bool(explore))
 
     def value(self, obs: Any) -> jax.Array:
-        """The critic's value estimates of `obs` (`[*B, *observation_shape]` -> `[*B]`)."""
+        """The critic's value estimates of raw `obs` (`[*B, *observation_shape]` -> `[*B]`;
+        filtered here like in `act`)."""
         if self._value is None:
             raise TypeError(f"{type(self.policy).__name__} has no value function")
         return self._value(self.params, self._observations(obs))

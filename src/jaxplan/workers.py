@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 from jaxplan.counters import Counter
 from jaxplan.devices import AXIS
 from jaxplan.envs import Env
+from jaxplan.filters import MeanStd, check_clip_rewards, check_observation_filter, moments
 from jaxplan.multi_agent import as_multi_agent
 from jaxplan.policy import Policy, PolicyState
 
@@ -88,13 +89,20 @@ class Counters:
 class PlanState:
     """Everything a plan reads and writes; one explicit pytree.
 
-    The core (policies, actor groups, episode windows, counters, key) is what every plan has;
-    `stages` holds each stateful stage's own state, keyed by the stage's name in the plan
-    (`jaxplan.flow.Stage`), so no core type grows a field for one stage.
+    The core (policies, actor groups, observation filters, episode windows, counters, key) is
+    what every plan has; `stages` holds each stateful stage's own state, keyed by the stage's
+    name in the plan (`jaxplan.flow.Stage`), so no core type grows a field for one stage.
+
+    `obs_filters` is RLlib's `RolloutWorker.filters`: per policy the running observation
+    statistics of `observation_filter="MeanStdFilter"` (`{}` with "NoFilter"), replicated.
+    They are core state, not a stage's, because more than the rollout stage (which alone
+    updates them) reads them: the evaluation stage and a trained policy apply them frozen, and
+    a stage's own state is handed to that stage alone.
     """
 
     policies: dict[str, PolicyState]
     actors: ActorState
+    obs_filters: dict[str, MeanStd]
     episodes: EpisodeWindow
     # per policy, the window of episode returns of its agents (summed); {} single-agent
     policy_episodes: dict[str, EpisodeWindow]
@@ -111,6 +119,11 @@ class WorkerSet:
     policy id (RLlib's `policy_mapping_fn`, static), several agents may share a policy; without
     it every agent maps to the only policy. `num_workers=0` means one group (RLlib's local worker
     samples), so the number of actor groups is `max(1, num_workers)`.
+
+    `observation_filter` (RLlib's: "NoFilter" or "MeanStdFilter") filters every observation
+    the policies see and the batches hold with the running statistics `PlanState.obs_filters`
+    (`jaxplan.filters`); `clip_rewards` (RLlib's: None/False, True for the sign, or a number
+    c for [-c, c]) clips the rewards of the batches, not the episode returns of the metrics.
 
     With a `mesh` (see `jaxplan.devices`), plans run on its devices: each device steps its own
     `num_actor_groups / num_shards` groups (the group axis of `ActorState` is sharded), and
@@ -130,7 +143,11 @@ class WorkerSet:
         metrics_smoothing_episodes: int = 100,
         mesh: Mesh | None = None,
         policy_mapping: Mapping[str, str] | None = None,
+        observation_filter: str = "NoFilter",
+        clip_rewards: bool | float | None = None,
     ):
+        self.observation_filter = check_observation_filter(observation_filter)
+        self.clip_rewards = check_clip_rewards(clip_rewards)
         self.ma_env = as_multi_agent(env)
         self.agents = tuple(self.ma_env.agents)
         self.policy_mapping = resolve_policy_mapping(self.ma_env, list(policies), policy_mapping)
@@ -188,6 +205,7 @@ class WorkerSet:
         return PlanState(
             policies=rep,
             actors=P(AXIS),
+            obs_filters=rep,
             episodes=rep,
             policy_episodes=rep,
             counters=rep,
@@ -235,6 +253,7 @@ class WorkerSet:
         return PlanState(
             policies=policies,
             actors=actors,
+            obs_filters=self.initial_filters(actors),
             episodes=EpisodeWindow.empty(window),
             counters=Counters.zero(),
             key=key,
@@ -245,6 +264,23 @@ class WorkerSet:
             ),
             stages={},
         )
+
+    @property
+    def filters_observations(self) -> bool:
+        """Whether observations go through `PlanState.obs_filters` (MeanStdFilter)."""
+        return self.observation_filter == "MeanStdFilter"
+
+    def initial_filters(self, actors: ActorState) -> dict[str, MeanStd]:
+        """Per policy the statistics of the reset observations of all groups' envs (RLlib
+        pushes an observation into the filter before the policy sees it, so the first round
+        never divides by a std of nothing); `{}` without a filter."""
+        if not self.filters_observations:
+            return {}
+        out = {}
+        for pid, agents in self.policy_agents.items():
+            obs = jnp.stack([actors.obs[a] for a in agents], axis=2)  # [g, e, agents, ...]
+            out[pid] = moments(obs, jnp.ones(obs.shape[:3]), batch_ndim=3)
+        return out
 
     def _check_hparams(self, hparams: Any) -> dict[str, Any]:
         """`hparams` as a dict keyed by policy id, or `ValueError` naming what is wrong."""

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxplan.batch import DEFAULT_POLICY_ID
+from jaxplan.filters import OBSERVATION_FILTERS
 from jaxplan.models import ACTIVATIONS, ConvFilter, model_name, resolve_model
 from jaxplan.multi_agent import is_multi_agent_env
 from jaxplan.ppo.presets import PRESETS
@@ -60,6 +61,9 @@ def fields_of(cls: type, *natures: str) -> tuple[str, ...]:
 
 Schedule = tuple[tuple[float, float], ...]
 """RLlib's schedule: `[[timestep, value], ...]` with non-decreasing timesteps."""
+
+ClipRewards = bool | float | None
+"""RLlib's `clip_rewards`: None/False (none), True (the sign) or a number c ([-c, c])."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,11 @@ class PPOConfig:
     entropy_coeff_schedule: Schedule | None = per_policy(None)
     grad_clip: float | None = per_policy(None)
     normalize_actions: bool = True
+    # RLlib's filters (jaxplan.filters): "MeanStdFilter" normalises every observation the
+    # policies see and the batches hold with running statistics; clip_rewards clips the
+    # batches' rewards (None/False: no, True: their sign, c: to [-c, c]), not the metrics'
+    observation_filter: str = "NoFilter"
+    clip_rewards: ClipRewards = None
     metrics_smoothing_episodes: int = 100
     # rollouts: "bulk_sync" (RLlib PPO) or "async" (staggered actor groups, APPO-style; see
     # ParallelRollouts), and V-trace correction of the advantages for the lag (IMPALA's clipping)
@@ -276,6 +285,18 @@ class PPOConfig:
                 "values must be > 0" if low is not None else "values must be >= 0",
             )
         check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", "must be > 0 or None")
+        check(
+            self.observation_filter in OBSERVATION_FILTERS,
+            "observation_filter",
+            f"is not supported; valid values: {list(OBSERVATION_FILTERS)}",
+        )
+        check(
+            self.clip_rewards is None
+            or isinstance(self.clip_rewards, bool)
+            or self.clip_rewards > 0,
+            "clip_rewards",
+            "must be None or false (no clipping), true (the sign) or a number c > 0 ([-c, c])",
+        )
         check(
             self.evaluation_interval is None or self.evaluation_interval >= 0,
             "evaluation_interval",
@@ -607,6 +628,10 @@ def _coerce(value: Any, tp: Any) -> Any:
         return value
     if tp == ConvFilter:
         return _conv_filter(value)
+    if tp == ClipRewards:
+        if value is None or isinstance(value, bool):
+            return value
+        return _coerce(value, float)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:

@@ -135,6 +135,8 @@ def build_workers(config: PPOConfig) -> WorkerSet:
         rollout_fragment_length=config.rollout_fragment_length,
         policies_to_train=config.multiagent.policies_to_train,
         normalize_actions=config.normalize_actions,
+        observation_filter=config.observation_filter,
+        clip_rewards=config.clip_rewards,
         metrics_smoothing_episodes=config.metrics_smoothing_episodes,
         mesh=mesh,
     )

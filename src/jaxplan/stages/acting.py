@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.envs import Box
+from jaxplan.filters import MeanStd, clip_rewards
 from jaxplan.workers import ActorState, WorkerSet
 
 
@@ -57,19 +58,23 @@ def step_envs(
     per_group: bool = False,
     active: jax.Array | None = None,
     explore: bool = True,
+    filters: dict[str, MeanStd] | None = None,
 ) -> tuple[ActorState, dict[str, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]:
     """Steps every env of the local groups once, every agent acting with its policy.
 
     `params` maps policy ids to their params, or with `per_group` to stacks
     `[local groups, ...]` (each group acts with its own snapshot). `active` (`[local groups]`
     bool) freezes the other groups: their env state, observations and episode counters stay.
-    `explore=False` asks the policies for deterministic actions (evaluation).
+    `explore=False` asks the policies for deterministic actions (evaluation). `filters`
+    (`{policy_id: MeanStd}`, e.g. `PlanState.obs_filters`; None or `{}`: none) filters the
+    observations the policies act on, frozen.
 
     Returns the new actor state, per policy the transition `{field: [groups, envs, agents of
-    the policy, ...]}` (obs, new_obs (the final observation of a finished episode), actions,
-    rewards, terminateds, truncateds and the policy's extras), and `(done [groups, envs],
-    per-agent episode_return [groups, envs, num_agents], episode_length)` for the episode
-    windows (`done` is False for frozen groups).
+    the policy, ...]}` (obs, new_obs (the final observation of a finished episode), both raw
+    (unfiltered: the rollout stage filters what it stores), actions, rewards (clipped as
+    `workers.clip_rewards` says), terminateds, truncateds and the policy's extras), and
+    `(done [groups, envs], per-agent episode_return [groups, envs, num_agents] (raw rewards),
+    episode_length)` for the episode windows (`done` is False for frozen groups).
     """
     env = workers.ma_env
     groups, envs = workers.num_actor_groups, workers.num_envs_per_worker
@@ -80,11 +85,12 @@ def step_envs(
         k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
         act_keys = devices.local_slice(jax.random.split(k_pol, groups), axis_name)
         obs = stack_agents(actors.obs, agents)  # [g, e, agents, ...]
+        seen = filters[pid](obs) if filters else obs
         compute = policy.compute_actions
         if not explore:
             compute = functools.partial(compute, explore=False)
         act = jax.vmap(compute, in_axes=(0 if per_group else None, 0, 0))
-        pol_actions, extras = act(params[pid], obs, act_keys)
+        pol_actions, extras = act(params[pid], seen, act_keys)
         for j, agent in enumerate(agents):
             space = env.action_spaces[agent]
             actions[agent] = to_env_action(
@@ -99,7 +105,7 @@ def step_envs(
         transitions[pid].update(
             {
                 sb.NEXT_OBS: stack_agents(final_obs, agents),
-                sb.REWARDS: stack_agents(reward, agents),
+                sb.REWARDS: clip_rewards(stack_agents(reward, agents), workers.clip_rewards),
                 sb.TERMINATEDS: stack_agents(terminated, agents),
                 sb.TRUNCATEDS: stack_agents(truncated, agents),
             }

@@ -6,7 +6,10 @@ params (`PlanState.policies`: what was just trained, never the lagged snapshots 
 groups), on envs of its own (the training env, or `evaluation_config.env_config` on top of its
 config) and with a key of its own (folded from the plan's, so training draws the same numbers
 with or without evaluation). `explore=False` acts with each distribution's deterministic
-action (argmax / mean). Episode `i` is a function of the evaluation key and `i` alone: each
+action (argmax / mean). With `observation_filter="MeanStdFilter"` the policies see
+observations filtered with the training statistics `PlanState.obs_filters`, frozen (RLlib's
+evaluation workers get the synchronised filters and do not update them). Episode `i` is a
+function of the evaluation key and `i` alone: each
 episode is its own actor group, and keys are split per group for all (padded) groups, so the
 results do not depend on how many devices the episodes are spread over.
 
@@ -64,6 +67,7 @@ def evaluation_workers(workers: WorkerSet, num_episodes: int, env: Any = None) -
         num_envs_per_worker=1,
         rollout_fragment_length=1,
         normalize_actions=workers.normalize_actions,
+        observation_filter=workers.observation_filter,
         metrics_smoothing_episodes=num_episodes,
         mesh=workers.mesh,
         policy_mapping=workers.policy_mapping,
@@ -85,10 +89,12 @@ def play_episodes(
     explore: bool,
     max_steps: int,
     run: jax.Array | bool = True,
+    filters: dict[str, Any] | None = None,
 ) -> Result:
     """Plays one episode per actor group of `ew` (see `evaluation_workers`) with `params`
     (`{policy_id: params}`), for at most `max_steps` steps, and summarizes the first
-    `num_episodes` (RLlib's evaluation keys). With `run` False (traced) the loop takes no
+    `num_episodes` (RLlib's evaluation keys), the observations filtered with `filters`
+    (`{policy_id: MeanStd}`, frozen; None: unfiltered). With `run` False (traced) the loop takes no
     step and the summary is that of no episode. Inside `shard_map` each device plays its
     share of the episodes; the summary is the same on every device."""
     axis = ew.axis_name
@@ -106,7 +112,13 @@ def play_episodes(
     def body(carry):
         actors, t, finished, returns, lengths = carry
         actors, _, (done, ep_return, ep_length) = step_envs(
-            ew, params, actors, jax.random.fold_in(k_steps, t), axis, explore=explore
+            ew,
+            params,
+            actors,
+            jax.random.fold_in(k_steps, t),
+            axis,
+            explore=explore,
+            filters=filters,
         )
         first = done[:, 0] & ~finished  # the group's episode ends now (later ones are ignored)
         returns = jnp.where(first[:, None], ep_return[:, 0], returns)
@@ -193,6 +205,7 @@ class Evaluation(Stage):
             explore=self.explore,
             max_steps=self.max_steps,
             run=run,
+            filters=state.obs_filters,
         )
 
     def init(self, state: PlanState) -> tuple[PlanState, EvaluationState]:
@@ -238,13 +251,17 @@ def evaluate(
     explore: bool = False,
     env: Any = None,
     max_episode_steps: int | None = None,
+    filters: dict[str, Any] | None = None,
 ) -> Result:
     """Plays `num_episodes` episodes with `params` (`{policy_id: params}`, e.g. a trained
     `state.policies[pid].params`) and returns RLlib's evaluation metrics (device arrays;
     `jax.jit`/`vmap`-able; one device: `workers` without a mesh). Deterministic actions
-    unless `explore`."""
+    unless `explore`. `filters`: the run's `state.obs_filters` when it filtered observations
+    (applied frozen)."""
     if workers.mesh is not None:
         raise ValueError("evaluate runs on one device: build the workers without a mesh")
     ew = evaluation_workers(workers, num_episodes, env)
     limit = max_episode_steps or episode_step_limit(ew.ma_env)
-    return play_episodes(ew, params, key, num_episodes, explore=explore, max_steps=limit)
+    return play_episodes(
+        ew, params, key, num_episodes, explore=explore, max_steps=limit, filters=filters
+    )

@@ -18,6 +18,16 @@ with the newest params (the ones it is about to be trained with), when it is ful
 
 Randomness is drawn per global actor group (`jaxplan.stages.acting`), so the data do not
 depend on how the groups are spread over devices.
+
+Observation filter (`WorkerSet.observation_filter="MeanStdFilter"`, `jaxplan.filters`): every
+group acts during a round (or async segment) with the statistics `PlanState.obs_filters` as
+they were at its start, and the batch holds the observations filtered with them (`obs` and
+`new_obs`); then the statistics are merged with the moments of every raw observation the envs
+returned in the round (each step's `new_obs`, and the reset observation where an episode
+ended), summed over all devices, so every device and host holds the same statistics. RLlib
+updates each worker's own filter observation by observation and synchronises the workers
+once per training iteration (`FilterManager.synchronize`); here all groups share one filter,
+synchronised every round: deterministic and independent of the device layout.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch
 from jaxplan.devices import AXIS
+from jaxplan.filters import MeanStd, moments
 from jaxplan.flow import Flow, Stage
 from jaxplan.stages.acting import select_groups, step_envs
 from jaxplan.workers import PlanState, WorkerSet
@@ -112,8 +123,10 @@ class Rollouts(Stage):
             workers.rollout_fragment_length,
         )
         snapshots = {pid: _stack(ps.params, groups) for pid, ps in state.policies.items()}
-        _, transitions, _ = jax.eval_shape(
-            lambda actors, key: step_envs(workers, snapshots, actors, key, None, per_group=True),
+        _, (transitions, _, _) = jax.eval_shape(
+            lambda actors, key: self._step(
+                state.obs_filters, snapshots, actors, key, None, per_group=True
+            ),
             state.actors,
             state.key,
         )
@@ -138,15 +151,15 @@ class Rollouts(Stage):
             state, staggered = carry
             key, k_seg = jax.random.split(state.key)
             active = phase > index  # group j pre-rolls j segments
-            actors, segment, episodes = self._advance(
-                state.actors, staggered.params, k_seg, None, per_group=True, active=active
+            actors, segment, episodes, observed = self._advance(
+                state, staggered.params, k_seg, None, per_group=True, active=active
             )
             staggered = staggered.replace(
                 fragment=_write(staggered.fragment, segment, staggered.fill),
                 fill=staggered.fill + self.segment * active.astype(jnp.int32),
             )
             state = _record_episodes(workers, state.replace(actors=actors, key=key), episodes)
-            return (state, staggered), None
+            return (_update_filters(state, observed), staggered), None
 
         (state, staggered), _ = jax.lax.scan(pre_roll, (state, staggered), jnp.arange(g - 1))
         return state, RolloutState(groups=staggered, queue=queue)
@@ -173,13 +186,13 @@ class Rollouts(Stage):
         key, k_round = jax.random.split(state.key)
         if rs is None:  # bulk_sync: everyone acts with the newest params, fragments complete
             params = {pid: ps.params for pid, ps in state.policies.items()}
-            actors, traj, episodes = self._advance(state.actors, params, k_round, axis)
+            actors, traj, episodes, observed = self._advance(state, params, k_round, axis)
             acted = {pid: ps.version for pid, ps in state.policies.items()}
         else:
             rs = self._deliver(state, rs)
             staggered = rs.groups
-            actors, segment, episodes = self._advance(
-                state.actors, staggered.params, k_round, axis, per_group=True
+            actors, segment, episodes, observed = self._advance(
+                state, staggered.params, k_round, axis, per_group=True
             )
             fill = staggered.fill + self.segment
             done_group = jnp.argmax(fill == t)  # one per device
@@ -202,7 +215,7 @@ class Rollouts(Stage):
         rows = local_steps * workers.num_shards
         state = state.replace(actors=actors, key=key)
         state = _record_episodes(workers, state, devices.gather(episodes, axis, axis=1))
-        state = _count_sampled(workers, state, rows)
+        state = _update_filters(_count_sampled(workers, state, rows), observed)
         batch = MultiAgentBatch(
             batches, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards
         )
@@ -235,19 +248,60 @@ class Rollouts(Stage):
         )
         return RolloutState(groups=groups, queue=queue)
 
-    def _advance(self, actors, params, key, axis, *, per_group=False, active=None):
-        """Every (local) group steps `segment` times with `params` (per policy; stacked per
-        group with `per_group`). Returns the actors, the steps per policy `{field: [S, groups,
-        envs, agents, ...]}` and the episode ends `[S, groups, envs]`."""
+    def _advance(self, state, params, key, axis, *, per_group=False, active=None):
+        """Every (local) group steps `segment` times from `state.actors` with `params` (per
+        policy; stacked per group with `per_group`) and the frozen `state.obs_filters`.
+        Returns the actors, the steps per policy `{field: [S, groups, envs, agents, ...]}`
+        (observations filtered), the episode ends `[S, groups, envs]` and the moments of the
+        raw new observations per policy (summed over `axis`; `{}` without a filter)."""
+        filters = state.obs_filters
 
         def body(actors, key_t):
-            actors, transitions, episodes = step_envs(
-                self.workers, params, actors, key_t, axis, per_group=per_group, active=active
+            actors, out = self._step(
+                filters, params, actors, key_t, axis, per_group=per_group, active=active
             )
-            return actors, (transitions, episodes)
+            return actors, out
 
-        actors, (steps, episodes) = jax.lax.scan(body, actors, jax.random.split(key, self.segment))
-        return actors, steps, episodes
+        keys = jax.random.split(key, self.segment)
+        actors, (steps, episodes, observed) = jax.lax.scan(body, state.actors, keys)
+        observed = {  # [S, 2, groups, envs, agents, *obs_shape]
+            pid: moments(obs, weight, axis, batch_ndim=weight.ndim)
+            for pid, (obs, weight) in observed.items()
+        }
+        return actors, steps, episodes, observed
+
+    def _step(self, filters, params, actors, key, axis, *, per_group=False, active=None):
+        """One env step of the local groups (`step_envs`); with `filters`, the stored `obs` and
+        `new_obs` filtered with them, and per policy the raw new observations with their
+        weights `([2, groups, envs, agents, *obs_shape], [2, groups, envs, agents])`: every
+        `new_obs` of an active group, then the reset observation where its episode ended."""
+        new, transitions, episodes = step_envs(
+            self.workers,
+            params,
+            actors,
+            key,
+            axis,
+            per_group=per_group,
+            active=active,
+            filters=filters,
+        )
+        observed = {}
+        if filters:
+            done = episodes[0]  # [g, e], False for frozen groups
+            stepped = (
+                jnp.ones_like(done)
+                if active is None
+                else jnp.broadcast_to(active[:, None], done.shape)
+            )
+            for pid, agents in self.workers.policy_agents.items():
+                tr = transitions[pid]
+                reset = jnp.stack([new.obs[a] for a in agents], axis=2)
+                weight = jnp.stack([stepped, done]).astype(jnp.float32)  # [2, g, e]
+                weight = jnp.broadcast_to(weight[..., None], (*weight.shape, len(agents)))
+                observed[pid] = (jnp.stack([tr[sb.NEXT_OBS], reset]), weight)
+                tr[sb.OBS] = filters[pid](tr[sb.OBS])
+                tr[sb.NEXT_OBS] = filters[pid](tr[sb.NEXT_OBS])
+        return new, (transitions, episodes, observed)
 
 
 def _stack(tree, n: int):
@@ -279,6 +333,14 @@ def _record_episodes(workers: WorkerSet, state: PlanState, episodes) -> PlanStat
         idx = jnp.asarray([workers.agents.index(a) for a in workers.policy_agents[pid]])
         windows[pid] = window.record(done, ep_return[..., idx].sum(-1), ep_length)
     return state.replace(policy_episodes=windows)
+
+
+def _update_filters(state: PlanState, observed: dict[str, MeanStd]) -> PlanState:
+    """`state.obs_filters` merged with the moments of the round's raw observations."""
+    if not observed:
+        return state
+    merged = {pid: f.merge(observed[pid]) for pid, f in state.obs_filters.items()}
+    return state.replace(obs_filters=merged)
 
 
 def _count_sampled(workers: WorkerSet, state: PlanState, env_steps: int) -> PlanState:
