@@ -3,7 +3,8 @@
 What a plan author needs is here: the stage contract (`Stage`), `Flow` and `Plan`, RLlib's
 stages, `WorkerSet`/`PlanState`, the policy contract, PPO's plan and config, and the runners.
 Formulas (`jaxplan.gae`, `jaxplan.vtrace`, `jaxplan.ppo.loss`), devices (`jaxplan.devices`),
-envs (`jaxplan.envs`, `jaxplan.multi_agent`) and checkpoints live in their submodules.
+envs (`jaxplan.envs`: the env contract; `jaxplan.multi_agent`) and checkpoints live in their
+submodules.
 """
 
 from jaxplan.batch import (
@@ -13,7 +14,7 @@ from jaxplan.batch import (
     SampleBatch,
     TrainOutput,
 )
-from jaxplan.envs import Env
+from jaxplan.envs import Env, register_env
 from jaxplan.flow import Flow, Plan, Stage
 from jaxplan.models import register_model
 from jaxplan.plans import sample_only_plan
@@ -82,6 +83,7 @@ __all__ = [
     "make_train",
     "ppo_plan",
     "preset_config",
+    "register_env",
     "register_model",
     "run_iterations",
     "sample_only_plan",

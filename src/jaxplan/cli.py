@@ -40,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train an algorithm on a gymnax env")
     train.add_argument("algorithm", choices=ALGORITHMS)
-    train.add_argument("--env", default=None, help="gymnax env id (default CartPole-v1)")
+    train.add_argument(
+        "--env",
+        default=None,
+        help="gymnax env id (default CartPole-v1), MultiAgentCartPole, jaxmarl:<id>, a name "
+        "given to jaxplan.register_env, or an import path package.module:creator",
+    )
     train.add_argument(
         "--stop-timesteps",
         type=int,

@@ -23,7 +23,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxplan.envs import ActionSpace, Box, Discrete, Env
+from jaxplan.envs import (
+    ActionSpace,
+    Box,
+    Discrete,
+    Env,
+    env_creator,
+    make_custom_env,
+    registered_envs,
+)
 
 SINGLE_AGENT_ID = "agent0"
 """The agent id of a single-agent env seen as a multi-agent one (RLlib's dummy agent id)."""
@@ -190,10 +198,21 @@ def _jaxmarl_space(space) -> ActionSpace:
     raise TypeError(f"unsupported JaxMARL action space {space!r}")
 
 
+def is_custom_env(name: str) -> bool:
+    """Whether an env id is a name given to `jaxplan.register_env` or an import path
+    `"package.module:creator"` (whether it is multi-agent is known only once it is made)."""
+    return name in registered_envs() or (":" in name and not name.startswith(JAXMARL_PREFIX))
+
+
 def make_env(name: str, env_config: dict | None = None):
-    """`"CartPole-v1"` (gymnax, single-agent) -> `Env`; `"MultiAgentCartPole"` (built-in) or
-    `"jaxmarl:MPE_simple_spread_v3"` (JaxMARL) -> a multi-agent env."""
+    """An env from its id and `env_config`: a name given to `jaxplan.register_env` (its
+    creator's env, checked against the contract, `jaxplan.envs.check_env`), `"CartPole-v1"`
+    (gymnax, single-agent) -> `Env`, `"MultiAgentCartPole"` (built-in) or
+    `"jaxmarl:MPE_simple_spread_v3"` (JaxMARL) -> a multi-agent env, or an import path
+    `"package.module:creator"` (like a registered creator)."""
     env_config = dict(env_config or {})
+    if name in registered_envs():
+        return make_custom_env(name, env_creator(name), env_config)
     if name.startswith(JAXMARL_PREFIX):
         return JaxMARLEnv(name[len(JAXMARL_PREFIX) :], **env_config)
     if name == "MultiAgentCartPole":
@@ -203,13 +222,22 @@ def make_env(name: str, env_config: dict | None = None):
                 f"Unknown env_config key(s) {sorted(unknown)} for {name}; valid: num_agents"
             )
         return MultiAgentCartPole(**env_config)
+    creator = env_creator(name)
+    if creator is not None:
+        return make_custom_env(name, creator, env_config)
     try:
         return Env(name, **env_config)
     except ValueError as e:
         if not str(e).startswith("Unknown env "):
             raise
+        registered = registered_envs()
+        close = difflib.get_close_matches(name, registered, n=1)
+        hint = f" Did you mean the registered {close[0]!r}?" if close else ""
+        known = ", ".join(map(repr, registered)) or "none"
         raise ValueError(
-            f"{e}. Multi-agent: {', '.join(BUILTIN)}, or {JAXMARL_PREFIX}<JaxMARL env id>"
+            f"{e}. Multi-agent: {', '.join(BUILTIN)}, or {JAXMARL_PREFIX}<JaxMARL env id>. "
+            f"Registered envs (jaxplan.register_env, in this process): {known}, or an import "
+            f"path 'package.module:creator'.{hint}"
         ) from None
 
 

@@ -25,7 +25,7 @@ from flax import struct
 from jaxplan.batch import DEFAULT_POLICY_ID
 from jaxplan.filters import OBSERVATION_FILTERS
 from jaxplan.models import ACTIVATIONS, ConvFilter, model_name, resolve_model
-from jaxplan.multi_agent import is_multi_agent_env
+from jaxplan.multi_agent import is_custom_env, is_multi_agent_env
 from jaxplan.ppo.presets import PRESETS
 from jaxplan.stages.concat_batches import COUNT_STEPS_BY
 
@@ -369,7 +369,9 @@ class PPOConfig:
             f"must be one of {list(COUNT_STEPS_BY)}",
         )
         check(
-            self.multiagent.count_steps_by == "env_steps" or is_multi_agent_env(self.env),
+            self.multiagent.count_steps_by == "env_steps"
+            or is_multi_agent_env(self.env)
+            or is_custom_env(self.env),  # known only once made
             "multiagent.count_steps_by",
             f"'agent_steps' needs a multi-agent env; {self.env!r} is single-agent",
         )
