@@ -350,6 +350,7 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a bad flag (already printed as one line)
         return int(e.code or 0)
+    _RECEIVED.clear()
     previous = _on_sigterm(_terminate)
     on_sigint = signal.getsignal(signal.SIGINT)
     try:
@@ -385,8 +386,28 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so that the run's files are closed whole."""
 
 
+_RECEIVED: list[int] = []
+"""The SIGINT/SIGTERM the handlers below raised for: Python ignores an exception raised in a
+callback it calls itself (a gc callback such as XLA's, a `__del__`), so a signal that lands
+there would be lost; `_raise_received` raises it again between chunks."""
+
+
 def _terminate(signum, frame):
+    _RECEIVED.append(signum)
     raise Terminated
+
+
+def _interrupt(signum, frame):
+    _RECEIVED.append(signum)
+    raise KeyboardInterrupt
+
+
+def _raise_received() -> None:
+    """Raises the stop a signal asked for if its first raise was swallowed (`_RECEIVED`)."""
+    if signal.SIGTERM in _RECEIVED:
+        raise Terminated
+    if signal.SIGINT in _RECEIVED:
+        raise KeyboardInterrupt
 
 
 def _on_sigterm(handler):
@@ -540,6 +561,7 @@ def _train(args) -> int:
             for old, new in runner.writer.kept if runner.writer and chunk == 0 else ():
                 _say(progress, f"jaxplan: kept the previous run's {old.name} as {new.name}")
             _print_results(args, results, writes, warned, progress, runner.done)
+            _raise_received()  # a Ctrl-C / SIGTERM whose exception Python swallowed
     except NonFiniteTraining as e:
         _print_results(args, e.results, writes, warned, progress, runner.done)
         if progress is not None:
@@ -749,11 +771,12 @@ def _defer_interrupts():
 
 
 def _restore_interrupts(deferred) -> None:
-    """The previous SIGINT handler again; a Ctrl-C recorded meanwhile raises now."""
+    """Ctrl-C raises KeyboardInterrupt again (and is recorded, `_RECEIVED`); one recorded
+    meanwhile raises now."""
     if deferred is None:
         return
-    previous, pending = deferred
-    signal.signal(signal.SIGINT, previous)
+    _, pending = deferred
+    signal.signal(signal.SIGINT, _interrupt)
     if pending:
         raise KeyboardInterrupt
 
