@@ -49,11 +49,6 @@ class TrainedRun:
     def seed_params(self, seed: int | None = None) -> dict[str, Any]:
         """`{policy_id: params}` of the run seed `seed` (default: the run's first seed);
         raises `ValueError` listing the run's seeds when it is not one of them."""
-        seed = self.seeds[0] if seed is None else seed
-        if isinstance(seed, bool) or seed not in self.seeds:
-            raise ValueError(
-                f"{self.directory}: seed {seed!r} is not one of the run's seeds {self.seeds}"
-            )
         return self._of_seed(self.policy_params(), seed)
 
     def seed_filters(self, seed: int | None = None) -> dict[str, Any]:
