@@ -1,8 +1,16 @@
 import os
+import signal
 
 # Keep XLA from grabbing every core's thread pool in odd ways on the 2-core CI machines, and make
 # tests independent of a user's persistent compilation cache.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+# The Ctrl-C tests need Ctrl-C to be Ctrl-C. A shell starts a background job (`make test &`,
+# `nohup ... &`) with SIGINT ignored, Python then keeps it ignored, and so does every child
+# it starts: the CLI rightly ignores SIGINT then, and those tests would hang. Run them as in
+# the foreground: pytest and its children get Python's KeyboardInterrupt handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TINY_PPO = {
     "num_workers": 2,

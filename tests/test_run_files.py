@@ -413,7 +413,7 @@ def test_signals_lock_and_efbig_keep_files_whole_and_resumable(tmp_path):
 
 class _SignalInDel:
     """Raises SIGINT from `__del__`: Python ignores the KeyboardInterrupt raised there, as it
-    does one raised inside XLA's gc callback (the resumed run of the test above once hung so)."""
+    does one raised inside any callback it calls itself (gc callbacks such as XLA's)."""
 
     def __del__(self):
         signal.raise_signal(signal.SIGINT)

@@ -756,8 +756,11 @@ def _print_results(
 def _defer_interrupts():
     """Until `_restore_interrupts`, SIGINT (Ctrl-C) is only recorded: raised inside XLA's
     compiler a KeyboardInterrupt could abort the process or be swallowed. A second Ctrl-C
-    exits at once (130). Returns what `_restore_interrupts` needs."""
+    exits at once (130). An ignored SIGINT (a shell's background job) stays ignored. Returns
+    what `_restore_interrupts` needs."""
     if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         return None
     pending: list[int] = []
 
