@@ -412,9 +412,6 @@ def _raise_received() -> None:
 
 def _on_sigterm(handler):
     """Installs `handler` for SIGTERM where possible (the main thread); returns the old one."""
-    import signal
-    import threading
-
     if handler is None or threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, handler)
@@ -753,34 +750,33 @@ def _print_results(
         progress.update(results, done)
 
 
-def _defer_interrupts():
-    """Until `_restore_interrupts`, SIGINT (Ctrl-C) is only recorded: raised inside XLA's
-    compiler a KeyboardInterrupt could abort the process or be swallowed. A second Ctrl-C
-    exits at once (130). An ignored SIGINT (a shell's background job) stays ignored. Returns
-    what `_restore_interrupts` needs."""
+def _defer_interrupts() -> bool:
+    """Until `_restore_interrupts`, SIGINT (Ctrl-C) is only recorded (`_RECEIVED`): raised
+    inside XLA's compiler a KeyboardInterrupt could abort the process or be swallowed. A second
+    Ctrl-C exits at once (130). An ignored SIGINT (a shell's background job) stays ignored.
+    Returns whether it deferred (what `_restore_interrupts` needs)."""
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return False
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        return None
-    pending: list[int] = []
+        return False
 
     def record(signum, frame):
-        if pending:
+        if signal.SIGINT in _RECEIVED:
             os.write(2, b"jaxplan: interrupted\n")
             os._exit(130)
-        pending.append(signum)
+        _RECEIVED.append(signum)
 
-    return signal.signal(signal.SIGINT, record), pending
+    signal.signal(signal.SIGINT, record)
+    return True
 
 
-def _restore_interrupts(deferred) -> None:
+def _restore_interrupts(deferred: bool) -> None:
     """Ctrl-C raises KeyboardInterrupt again (and is recorded, `_RECEIVED`); one recorded
-    meanwhile raises now."""
-    if deferred is None:
+    meanwhile raises now. (`_main` puts back the handler it found.)"""
+    if not deferred:
         return
-    _, pending = deferred
     signal.signal(signal.SIGINT, _interrupt)
-    if pending:
+    if signal.SIGINT in _RECEIVED:
         raise KeyboardInterrupt
 
 
