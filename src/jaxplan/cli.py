@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("ppo",)
+from jaxplan.algorithms import ALGORITHM_NAMES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jaxplan", description="RLlib-style execution plans in JAX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train an algorithm on a gymnax env")
-    train.add_argument("algorithm", choices=ALGORITHMS)
+    train.add_argument("algorithm", choices=ALGORITHM_NAMES)
     train.add_argument(
         "--env",
         default=None,
@@ -469,21 +469,27 @@ def _train(args) -> int:
         overrides["num_devices"] = args.num_devices
     # Config, env and plan are checked before JAX compiles anything.
     from jaxplan import distributed
-    from jaxplan.ppo.config import PPOConfig, preset_config
+    from jaxplan.algorithms import get_algorithm
 
+    algorithm = get_algorithm(args.algorithm)
     settings = distributed.resolve_settings(
         args.coordinator_address, args.num_processes, args.process_id
     )
     saved = _saved_params(args.resume) if args.resume else None
     if saved is not None:  # the run's own config; flags that change it are refused on resume
-        config = PPOConfig.from_dict(saved["config"]).updated(
+        if saved["algorithm"] != algorithm.name:
+            raise UsageError(
+                f"--resume {args.resume}: that run trained {saved['algorithm']}, not "
+                f"{algorithm.name}; use jaxplan train {saved['algorithm'].lower()} --resume ..."
+            )
+        config = algorithm.config_class.from_dict(saved["config"]).updated(
             {**overrides, **({"env": args.env} if args.env else {})}
         )
         args.output = args.resume
     elif args.no_preset:
-        config = PPOConfig().updated({**overrides, "env": args.env or "CartPole-v1"})
+        config = algorithm.config_class().updated({**overrides, "env": args.env or "CartPole-v1"})
     else:
-        config = preset_config(args.env or "CartPole-v1", overrides)
+        config = algorithm.preset_config(args.env or "CartPole-v1", overrides)
     if args.stop_timesteps is None and args.stop_iters is None and args.stop_reward is None:
         args.stop_timesteps = 1_000_000
 
@@ -493,7 +499,6 @@ def _train(args) -> int:
     if multi_process and "num_devices" not in overrides and config.data_parallel_devices == 0:
         config = config.updated({"num_devices": -1})  # one mesh over every process's devices
     writes = distributed.is_writer()
-    from jaxplan.ppo.plan import build_workers, execution_plan
     from jaxplan.run import Stop
     from jaxplan.runner import NonFiniteTraining, Runner, enable_compile_cache
 
@@ -508,8 +513,8 @@ def _train(args) -> int:
                 "jaxplan: --unrolled-rng: not available with this JAX; using its default",
                 file=sys.stderr,
             )
-    workers = build_workers(config)
-    plan = execution_plan(workers, config)
+    workers = algorithm.build_workers(config)
+    plan = algorithm.execution_plan(workers, config)
     stop = Stop(
         episode_reward_mean=args.stop_reward,
         timesteps_total=args.stop_timesteps,
@@ -520,7 +525,7 @@ def _train(args) -> int:
     else:
         first = 0 if args.seed is None else args.seed
         seeds = list(range(first, first + (args.num_seeds or 1)))
-    params = {"algorithm": "PPO", "seeds": seeds, "config": config.to_dict()}
+    params = {"algorithm": algorithm.name, "seeds": seeds, "config": config.to_dict()}
     try:
         runner = Runner(
             plan,
@@ -539,11 +544,12 @@ def _train(args) -> int:
         raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
     say = print if writes else _silent
     count = config.multiagent.count_steps_by.replace("_", " ")
+    work = algorithm.describe(config)
     say(
-        f"jaxplan: PPO on {config.env} | seeds {seeds[0]}..{seeds[-1]} | "
+        f"jaxplan: {algorithm.name} on {config.env} | seeds {seeds[0]}..{seeds[-1]} | "
         f"{workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
         f"{workers.rollout_fragment_length} steps, train batch >= {config.train_batch_size} "
-        f"{count} | {config.num_sgd_iter} epochs of minibatch {config.sgd_minibatch_size} | "
+        f"{count} | {work + ' | ' if work else ''}"
         f"{_describe_stop(stop)} | {_describe_devices(jax, workers)}",
         flush=True,
     )

@@ -121,6 +121,18 @@ class Flow:
         """`op.combine(upstream pull) -> pull` (e.g. ConcatBatches); the stages stay."""
         return Flow(op.combine(self.pull), self.stages)
 
+    def batch(self, n: int) -> Flow:
+        """RLlib's `LocalIterator.batch(n)`: each item is the next `n` items of this flow,
+        stacked on a new leading axis `[n]` (a `lax.scan` over the upstream pull)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"Flow.batch(n) needs an integer n >= 1, got {n!r}")
+        upstream = self.pull
+
+        def pull(state: PlanState) -> tuple[PlanState, Any]:
+            return jax.lax.scan(lambda s, _: upstream(s), state, None, length=n)
+
+        return Flow(pull, self.stages)
+
     def init(self, state: PlanState) -> PlanState:
         """Runs the stages' `init` in flow order on a fresh core state; stores their states."""
         stages = dict(state.stages)

@@ -21,8 +21,9 @@ import jax
 import numpy as np
 from flax import serialization
 
+from jaxplan.algorithms import get_algorithm
+from jaxplan.config import TrainerConfig
 from jaxplan.flow import Plan
-from jaxplan.ppo.config import PPOConfig
 from jaxplan.results import read_checkpoint
 from jaxplan.workers import PlanState
 
@@ -37,7 +38,7 @@ class TrainedRun:
 
     directory: Path
     iteration: int
-    config: PPOConfig
+    config: TrainerConfig
     plan: Plan
     seeds: list[int]
     state: PlanState
@@ -126,14 +127,19 @@ class TrainedRun:
 
 def read_params(directory: str | os.PathLike) -> dict[str, Any]:
     """The `params.json` of the run in `directory` (its algorithm, seeds and config); raises
-    `ValueError` naming the file when it is missing or not a jaxplan PPO run's."""
+    `ValueError` naming the file when it is missing or not a jaxplan run's (of a known
+    algorithm)."""
     path = Path(directory) / "params.json"
     try:
         params = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read the run's params ({e})") from None
-    if params.get("algorithm") != "PPO" or "config" not in params or "seeds" not in params:
-        raise ValueError(f"{path}: not the params of a jaxplan PPO run")
+    if "algorithm" not in params or "config" not in params or "seeds" not in params:
+        raise ValueError(f"{path}: not the params of a jaxplan run")
+    try:
+        get_algorithm(params["algorithm"])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return params
 
 
@@ -143,12 +149,11 @@ def load_run(directory: str | os.PathLike, which: str | int = "latest") -> Train
     `jaxplan.results.read_checkpoint`) and rebuilds the run's plan on one device (device
     settings do not change the state). Raises `ValueError` naming the file when either is
     missing or not a jaxplan run's."""
-    from jaxplan.ppo.plan import build_workers, execution_plan
-
     directory = Path(directory)
     params = read_params(directory)
-    config = PPOConfig.from_dict(params["config"]).updated(_ONE_DEVICE)
-    plan = execution_plan(build_workers(config), config)
+    algorithm = get_algorithm(params["algorithm"])
+    config = algorithm.config_class.from_dict(params["config"]).updated(_ONE_DEVICE)
+    plan = algorithm.plan(config)
     seeds = [int(s) for s in params["seeds"]]
     raw = read_checkpoint(directory, which)
     init = plan.init if len(seeds) == 1 else jax.vmap(plan.init)

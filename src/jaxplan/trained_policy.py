@@ -25,10 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxplan.algorithms import get_algorithm
 from jaxplan.batch import DEFAULT_POLICY_ID
+from jaxplan.config import TrainerConfig
 from jaxplan.envs import ActionSpace, Box, Discrete
 from jaxplan.multi_agent import as_multi_agent, make_env
-from jaxplan.ppo.config import PPOConfig
 from jaxplan.stages.acting import to_env_action
 from jaxplan.trained import TrainedRun, load_run, read_params
 
@@ -48,7 +49,7 @@ class TrainedPolicy:
         self.policy_id = policy_id
         self.seed = seed
         self.iteration = run.iteration
-        self.config: PPOConfig = run.config
+        self.config: TrainerConfig = run.config
         self.policy = run.plan.workers.policies[policy_id]
         self.params = run.seed_params(seed)[policy_id]
         self.obs_filter = run.seed_filters(seed).get(policy_id)
@@ -125,7 +126,7 @@ def load_policy(
     seeds = [int(s) for s in saved["seeds"]]
     if seed is not None and (isinstance(seed, bool) or seed not in seeds):
         raise ValueError(f"{directory}: seed {seed!r} is not one of the run's seeds {seeds}")
-    ids = PPOConfig.from_dict(saved["config"]).policy_ids
+    ids = get_algorithm(saved["algorithm"]).config_class.from_dict(saved["config"]).policy_ids
     if policy_id is None:
         policy_id = ids[0] if len(ids) == 1 else DEFAULT_POLICY_ID
     if policy_id not in ids:

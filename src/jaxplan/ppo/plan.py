@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxplan.devices import make_mesh
+from jaxplan import trainer
+from jaxplan.algorithms import Algorithm
 from jaxplan.flow import Plan
-from jaxplan.multi_agent import as_multi_agent, make_env
 from jaxplan.ppo.config import PPOConfig, preset_config
 from jaxplan.ppo.policy import PPOPolicy
+from jaxplan.ppo.presets import PRESETS
 from jaxplan.stages import (
-    ApplySchedules,
     ConcatBatches,
     MultiGPUTrainOneStep,
     ParallelRollouts,
@@ -22,8 +22,8 @@ from jaxplan.stages import (
     UpdateKL,
     warn_about_bad_reward_scales,
 )
-from jaxplan.stages.evaluation import Evaluation, report_evaluation
-from jaxplan.workers import WorkerSet, resolve_policy_mapping
+from jaxplan.stages.evaluation import report_evaluation
+from jaxplan.workers import WorkerSet
 
 
 def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
@@ -39,7 +39,7 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
         )
     )
     rollouts = rollouts.for_each(StandardizeFields(["advantages"]))
-    schedules = _schedules(config)
+    schedules = trainer.schedules_stage(config)
     if schedules is not None:  # RLlib applies them inside its policies; here they are a stage
         rollouts = rollouts.for_each(schedules)
     if config.simple_optimizer:
@@ -63,7 +63,7 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
             )
         )
     train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL())
-    evaluation = _evaluation(workers, config)
+    evaluation = trainer.evaluation_stage(workers, config)
     if evaluation is not None:  # RLlib's Trainer evaluates after the step; here it is a stage
         train_op = train_op.for_each(evaluation)
     plan = StandardMetricsReporting(train_op, workers).on_result(
@@ -72,74 +72,11 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
     return plan if evaluation is None else plan.on_result(report_evaluation)
 
 
-def _evaluation(workers: WorkerSet, config: PPOConfig) -> Evaluation | None:
-    """The evaluation stage of `evaluation_interval` / `evaluation_duration` /
-    `evaluation_config`, or None without evaluation."""
-    if not config.evaluation_interval:
-        return None
-    overrides = config.evaluation_config.env_config
-    env = make_env(config.env, {**config.env_config, **overrides}) if overrides else None
-    return Evaluation(
-        workers,
-        interval=config.evaluation_interval,
-        num_episodes=config.evaluation_episodes,
-        explore=config.evaluation_config.explore,
-        env=env,
-    )
-
-
-def _schedules(config: PPOConfig) -> ApplySchedules | None:
-    """The stage for the policies' `lr_schedule` / `entropy_coeff_schedule` (a
-    `multiagent.policies` override, else the config's), or None without any."""
-    schedules, configured = {}, {}
-    for pid in config.policy_ids:
-        overrides = config.multiagent.policies.get(pid) or {}
-
-        def own(key, overrides=overrides):
-            return overrides.get(key, getattr(config, key))
-
-        named = {
-            name: own(f"{name}_schedule")
-            for name in ("lr", "entropy_coeff")
-            if own(f"{name}_schedule") is not None
-        }
-        if named:
-            schedules[pid] = named
-            configured[pid] = {name: float(own(name)) for name in named}
-    return ApplySchedules(schedules, configured) if schedules else None
-
-
 def build_workers(config: PPOConfig) -> WorkerSet:
     """The env (gymnax, built-in multi-agent or `jaxmarl:...`), one PPO policy per policy id
     (with its `multiagent.policies` overrides) and the agent -> policy mapping, as a
-    `WorkerSet` on the config's devices (`num_devices`/`num_gpus`, `_fake_gpus`; see
-    `jaxplan.devices`)."""
-    env = make_env(config.env, config.env_config)
-    view = as_multi_agent(env)
-    mapping = resolve_policy_mapping(
-        view, config.policy_ids, dict(config.multiagent.policy_mapping) or None
-    )
-    policies = {}
-    for pid in config.policy_ids:
-        agent = next(a for a in view.agents if mapping[a] == pid)  # all alike (checked)
-        policies[pid] = PPOPolicy(
-            view.observation_shapes[agent], view.action_spaces[agent], config.policy_config(pid)
-        )
-    mesh = make_mesh(config.data_parallel_devices, fake_devices=config.fake_gpus)
-    return WorkerSet(
-        env,
-        policies,
-        policy_mapping=mapping,
-        num_workers=config.num_workers,
-        num_envs_per_worker=config.num_envs_per_worker,
-        rollout_fragment_length=config.rollout_fragment_length,
-        policies_to_train=config.multiagent.policies_to_train,
-        normalize_actions=config.normalize_actions,
-        observation_filter=config.observation_filter,
-        clip_rewards=config.clip_rewards,
-        metrics_smoothing_episodes=config.metrics_smoothing_episodes,
-        mesh=mesh,
-    )
+    `WorkerSet` on the config's devices (`jaxplan.trainer.build_workers`)."""
+    return trainer.build_workers(config, PPOPolicy)
 
 
 def ppo_plan(
@@ -154,3 +91,14 @@ def ppo_plan(
     elif env is not None and env != config.env:
         config = config.updated({"env": env})
     return execution_plan(build_workers(config), config)
+
+
+ALGORITHM = Algorithm(
+    name="PPO",
+    config_class=PPOConfig,
+    presets=PRESETS,
+    build_workers=build_workers,
+    execution_plan=execution_plan,
+    describe=lambda c: f"{c.num_sgd_iter} epochs of minibatch {c.sgd_minibatch_size}",
+)
+"""PPO for `jaxplan train ppo` (`jaxplan.algorithms`)."""

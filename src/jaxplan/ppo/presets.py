@@ -6,20 +6,12 @@ top of RLlib's defaults (top-level YAML keys starting with `_` are shared blocks
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
-import yaml
+from jaxplan.config import load_presets
 
 PRESETS_FILE = Path(__file__).with_name("presets.yaml")
 
-
-def load_presets(path: str | Path = PRESETS_FILE) -> dict[str, dict]:
-    """Env id -> overrides, from a YAML mapping (anchors and `<<` merges resolved)."""
-    data = yaml.safe_load(Path(path).read_text())
-    return {env: copy.deepcopy(dict(v)) for env, v in data.items() if not env.startswith("_")}
-
-
-PRESETS: dict[str, dict[str, Any]] = load_presets()
+PRESETS: dict[str, dict[str, Any]] = load_presets(PRESETS_FILE)
 """Env id -> config overrides (RLlib-style dict) that `preset_config` applies."""

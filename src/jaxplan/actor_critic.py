@@ -1,0 +1,109 @@
+"""ActorCriticPolicy: what the on-policy actor-critic algorithms (PPO, A2C) share: the model
+(actor and critic), the action distribution, truncation-correct GAE postprocessing and an Adam
+step at the traced learning rate. An algorithm subclasses it with its `HParams` and its loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxplan import batch as sb
+from jaxplan.config import HParams, TrainerConfig
+from jaxplan.distributions import distribution_for
+from jaxplan.envs import ActionSpace
+from jaxplan.gae import compute_gae
+from jaxplan.models import build_model
+from jaxplan.policy import PolicyState
+
+
+class ActorCriticPolicy:
+    """Implements `jaxplan.policy.Policy` but `loss` (static: shapes and fixed options only).
+
+    `hparams_class` is the algorithm's traced hyper-parameters (with at least `lr`, `gamma`
+    and `lambda_`); `config.model` picks the network (`jaxplan.models.build_model`),
+    `config.grad_clip` the global-norm clipping before Adam (eps 1e-8)."""
+
+    hparams_class: type[HParams]
+
+    def __init__(
+        self, obs_shape: tuple[int, ...], action_space: ActionSpace, config: TrainerConfig
+    ):
+        self.obs_shape = tuple(obs_shape)
+        self.dist = distribution_for(action_space)
+        self.config = config
+        # the custom model or RLlib's default for the observation shape (jaxplan.models)
+        self.net = build_model(self.obs_shape, self.dist.num_inputs, config.model)
+        self.model = self.net.module
+        # Adam without its learning rate: the (traced) lr is applied in `apply_gradients`.
+        # `optax.flatten` runs the optimizer on one vector of all params: the same update, but
+        # one set of kernels instead of one per parameter array (less compile and run time).
+        clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else optax.identity()
+        self.tx = optax.flatten(optax.chain(clip, optax.scale_by_adam(eps=1e-8)))
+
+    def init(self, key: jax.Array, hparams: Any = None) -> PolicyState:
+        """Fresh params and optimizer state. `hparams`: the config's traced hyper-parameters
+        (None), an instance of `hparams_class`, or a mapping of some of its fields
+        (`{"lr": 1e-3}`) to use instead; a bad field or value is a `ValueError` naming it."""
+        hparams = self.hparams_class.from_config(self.config).merged(hparams)
+        params = self.net.init(key)
+        return PolicyState(
+            params=params,
+            opt_state=self.tx.init(params),
+            hparams=hparams,
+            kl_coeff=jnp.float32(getattr(self.config, "kl_coeff", 0.0)),
+            version=jnp.zeros((), jnp.int32),
+        )
+
+    def value(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The critic's values: `obs [*B, *obs_shape] -> [*B]`."""
+        return self.net.value(params, obs)
+
+    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True):
+        inputs = self.net.policy(params, obs)
+        if explore:
+            actions = self.dist.sample(key, inputs)
+        else:
+            actions = self.dist.deterministic_sample(inputs)
+        extras = {
+            sb.ACTION_LOGP: self.dist.log_prob(inputs, actions),
+            sb.ACTION_DIST_INPUTS: inputs,
+        }
+        return actions, extras
+
+    def fragment_values(self, params: Any, hparams: Any, traj: sb.SampleBatch) -> tuple:
+        """The inputs of `compute_gae` (and `vtrace`) for a time-major trajectory `[T, *B]`:
+        `(rewards, vf_preds, next_values, terminateds, truncateds, gamma, lambda_)`, the
+        values of every observation and every reached one from one batched critic call."""
+        obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
+        values = self.net.value(params, obs_and_next)
+        vf_preds, next_values = jnp.split(values, 2, axis=0)
+        return (
+            traj[sb.REWARDS],
+            vf_preds,
+            next_values,
+            traj[sb.TERMINATEDS],
+            traj[sb.TRUNCATEDS],
+            hparams.gamma,
+            hparams.lambda_,
+        )
+
+    def postprocess_trajectory(self, params: Any, hparams: Any, traj: sb.SampleBatch):
+        """Adds `vf_preds`, and truncation-correct GAE `advantages` and `value_targets` over
+        the time axis (`jaxplan.gae`)."""
+        fragment = self.fragment_values(params, hparams, traj)
+        advantages, value_targets = compute_gae(*fragment)
+        return {
+            **traj,
+            sb.VF_PREDS: fragment[1],
+            sb.ADVANTAGES: advantages,
+            sb.VALUE_TARGETS: value_targets,
+        }
+
+    def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        lr = state.hparams.lr
+        params = jax.tree.map(lambda p, u: p - lr * u, state.params, updates)
+        return state.replace(params=params, opt_state=opt_state)

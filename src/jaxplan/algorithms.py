@@ -1,0 +1,53 @@
+"""The algorithms `jaxplan train <name>` knows: each has a module with an `ALGORITHM`
+(`Algorithm`: its config class, tuned presets, workers and execution plan), imported only when
+asked for, so the CLI can list them and check flags before JAX loads."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+MODULES = {"ppo": "jaxplan.ppo.plan", "a2c": "jaxplan.a2c.plan"}
+"""CLI name -> the module whose `ALGORITHM` describes it."""
+
+ALGORITHM_NAMES = tuple(MODULES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: `name` is RLlib's trainer name (`"PPO"`, saved in a run's params.json),
+    `config_class` its config (a `jaxplan.config.TrainerConfig`), `presets` its tuned
+    overrides per env id, `build_workers(config) -> WorkerSet` and
+    `execution_plan(workers, config) -> Plan` its plan (RLlib's names), and
+    `describe(config) -> str` what one iteration does (one line, for the CLI's header)."""
+
+    name: str
+    config_class: type
+    presets: Mapping[str, Mapping[str, Any]]
+    build_workers: Callable[[Any], Any]
+    execution_plan: Callable[[Any, Any], Any]
+    describe: Callable[[Any], str] = lambda config: ""
+
+    def preset_config(self, env: str, overrides: Mapping[str, Any] | None = None) -> Any:
+        """RLlib's defaults, then the tuned preset for `env` (if any), then `overrides`."""
+        from jaxplan.config import preset_of
+
+        return preset_of(self.config_class, self.presets, env, overrides)
+
+    def plan(self, config: Any) -> Any:
+        """The compiled-to-be plan of a config of this algorithm."""
+        return self.execution_plan(self.build_workers(config), config)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called `name` (the CLI's `ppo`, or RLlib's `PPO`); `ValueError` naming
+    the known ones otherwise."""
+    key = str(name).lower()
+    if key not in MODULES:
+        close = difflib.get_close_matches(key, ALGORITHM_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown algorithm {name!r}{hint} Known: {', '.join(ALGORITHM_NAMES)}")
+    return importlib.import_module(MODULES[key]).ALGORITHM
