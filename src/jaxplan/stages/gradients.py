@@ -98,3 +98,75 @@ class ApplyGradients(Stage):
             ),
         )
         return state, stage_state, LearnerInfo(info)
+
+
+class AsyncGradients(Stage):
+    """A flow source, RLlib's `AsyncGradients(workers)` (A3C): the staggered actor groups of
+    `ParallelRollouts(mode="async")`; each round the group that completes its fragment
+    computes the gradient of its loss **with the params it acted with** (its lagged snapshot;
+    advantages from that snapshot's critic too), as an A3C worker does; `-> Gradients` with
+    `learner_info[pid]["policy_lag_mean/max"]` (train steps between those params and the
+    newest). `ApplyGradients` then updates the newest params, which only that group takes when
+    it starts its next fragment (RLlib's `update_all=False`). One device (no mesh)."""
+
+    name = "async_gradients"
+
+    def __init__(self, workers: WorkerSet, *, num_async: int = 1):
+        from jaxplan.stages.rollouts import Rollouts
+
+        if workers.mesh is not None:
+            raise ValueError(
+                "AsyncGradients (A3C) runs on one device: each gradient is one group's, "
+                "applied on its own; build the workers with num_devices=0"
+            )
+        self.workers = workers
+        self.rollouts = Rollouts(workers, mode="async", num_async=num_async)
+
+    def init(self, state: PlanState):
+        return self.rollouts.init(state)
+
+    def partition_spec(self):
+        return self.rollouts.partition_spec()
+
+    def metrics(self, state: PlanState, stage_state: Any):
+        return self.rollouts.metrics(state, stage_state)
+
+    def apply(self, state: PlanState, stage_state: Any, item: Any = None):
+        state, rs, batch = self.rollouts.apply(state, stage_state, None)
+        done_group = jnp.argmax(rs.groups.fill == 0)  # the one group that just completed
+        t = self.workers.rollout_fragment_length
+        grads, info = {}, {}
+        for pid, rows in batch.policy_batches.items():
+            policy, ps = self.workers.policies[pid], state.policies[pid]
+            acted = jax.tree.map(lambda p: p[done_group], rs.groups.params[pid])
+            version = rs.groups.version[pid][done_group]
+            # the worker postprocesses with its own params: back to [T, ...] for GAE
+            traj = jax.tree.map(lambda x: x.reshape(t, -1, *x.shape[1:]), rows)
+            traj = policy.postprocess_trajectory(acted, ps.hparams, traj)
+            rows = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), traj)
+            (_, stats), grads[pid] = jax.value_and_grad(policy.loss, has_aux=True)(
+                acted, ps.hparams, ps.kl_coeff, rows
+            )
+            lag = ps.version - version
+            info[pid] = {
+                "learner_stats": stats,
+                "policy_lag_mean": lag.astype(jnp.float32),
+                "policy_lag_max": lag,
+            }
+        out = Gradients(grads, LearnerInfo(info), batch.env_steps, batch.agent_steps())
+        return state, rs, out
+
+
+def mean_learner_info(stacked: LearnerInfo) -> LearnerInfo:
+    """Learner infos stacked over a leading axis (`Flow.batch(n)` of `ApplyGradients`) -> the
+    mean of each statistic, the max of `policy_lag_max` and the sum of the counts."""
+
+    def reduce(path, x):
+        name = jax.tree_util.keystr(path)
+        if "policy_lag_max" in name:
+            return jnp.max(x, axis=0)
+        if "num_nonfinite" in name:
+            return jnp.sum(x, axis=0)
+        return jnp.mean(x, axis=0)
+
+    return jax.tree_util.tree_map_with_path(reduce, stacked)
