@@ -1,12 +1,18 @@
 """jaxplan: RLlib-style execution plans as pure, compiled JAX functions.
 
 What a plan author needs is here: the stage contract (`Stage`), `Flow` and `Plan`, RLlib's
-stages, `WorkerSet`/`PlanState`, the policy contract, PPO's plan and config, and the runners.
+stages, `WorkerSet`/`PlanState`, the policy contract, the algorithms' plans and configs
+(PPO, A2C, A3C; `get_algorithm` by name), and the runners.
 Formulas (`jaxplan.gae`, `jaxplan.vtrace`, `jaxplan.ppo.loss`), devices (`jaxplan.devices`),
 envs (`jaxplan.envs`: the env contract; `jaxplan.multi_agent`) and checkpoints live in their
 submodules.
 """
 
+from jaxplan.a2c.config import A2CConfig
+from jaxplan.a2c.plan import a2c_plan
+from jaxplan.a3c.config import A3CConfig
+from jaxplan.a3c.plan import a3c_plan
+from jaxplan.algorithms import Algorithm, get_algorithm
 from jaxplan.batch import (
     DEFAULT_POLICY_ID,
     LearnerInfo,
@@ -14,6 +20,7 @@ from jaxplan.batch import (
     SampleBatch,
     TrainOutput,
 )
+from jaxplan.config import TrainerConfig
 from jaxplan.envs import Env, register_env
 from jaxplan.flow import Flow, Plan, Stage
 from jaxplan.models import register_model
@@ -26,6 +33,10 @@ from jaxplan.random_policy import RandomPolicy
 from jaxplan.run import Stop, make_train, run_iterations, train_seeds
 from jaxplan.runner import Runner
 from jaxplan.stages import (
+    ApplyGradients,
+    AsyncGradients,
+    AverageGradients,
+    ComputeGradients,
     ConcatBatches,
     Evaluation,
     MultiGPUTrainOneStep,
@@ -46,6 +57,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_POLICY_ID",
+    "A2CConfig",
+    "A3CConfig",
+    "Algorithm",
+    "ApplyGradients",
+    "AsyncGradients",
+    "AverageGradients",
+    "ComputeGradients",
+    "TrainerConfig",
+    "a2c_plan",
+    "a3c_plan",
+    "get_algorithm",
     "ConcatBatches",
     "Env",
     "Evaluation",

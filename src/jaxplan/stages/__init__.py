@@ -3,6 +3,12 @@
 from jaxplan.stages.apply_schedules import ApplySchedules
 from jaxplan.stages.concat_batches import ConcatBatches
 from jaxplan.stages.evaluation import Evaluation, evaluate
+from jaxplan.stages.gradients import (
+    ApplyGradients,
+    AsyncGradients,
+    AverageGradients,
+    ComputeGradients,
+)
 from jaxplan.stages.metrics import StandardMetricsReporting, warn_about_bad_reward_scales
 from jaxplan.stages.rollouts import ParallelRollouts, Rollouts
 from jaxplan.stages.select_experiences import SelectExperiences
@@ -11,7 +17,11 @@ from jaxplan.stages.train_one_step import MultiGPUTrainOneStep, TrainOneStep
 from jaxplan.stages.update_kl import UpdateKL
 
 __all__ = [
+    "ApplyGradients",
     "ApplySchedules",
+    "AsyncGradients",
+    "AverageGradients",
+    "ComputeGradients",
     "ConcatBatches",
     "Evaluation",
     "MultiGPUTrainOneStep",
