@@ -37,8 +37,16 @@ class Algorithm:
 
         return preset_of(self.config_class, self.presets, env, overrides)
 
-    def plan(self, config: Any) -> Any:
-        """The compiled-to-be plan of a config of this algorithm."""
+    def plan(self, config: Any = None, *, env: str | None = None) -> Any:
+        """The plan for a config: a `config_class` instance, or an RLlib-style dict (or None)
+        applied on top of the tuned preset for its env (`env`, else the dict's `"env"`, else
+        the default). `env` given with a config instance replaces its env."""
+        if not isinstance(config, self.config_class):
+            overrides = dict(config or {})
+            name = env or overrides.get("env", self.config_class.env)
+            config = self.preset_config(name, overrides)
+        elif env is not None and env != config.env:
+            config = config.updated({"env": env})
         return self.execution_plan(self.build_workers(config), config)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxplan import trainer
-from jaxplan.a2c.config import PRESETS, A2CConfig, preset_config
+from jaxplan.a2c.config import PRESETS, A2CConfig
 from jaxplan.a2c.policy import A2CPolicy
 from jaxplan.algorithms import Algorithm
 from jaxplan.flow import Plan
@@ -76,13 +76,7 @@ def a2c_plan(
 ) -> Plan:
     """The A2C plan for a config (an `A2CConfig`, or an RLlib-style dict applied on top of the
     tuned preset for its env). `a2c_plan(env="CartPole-v1")` uses that env's preset."""
-    if not isinstance(config, A2CConfig):
-        overrides = dict(config or {})
-        name = env or overrides.get("env", A2CConfig.env)
-        config = preset_config(name, overrides)
-    elif env is not None and env != config.env:
-        config = config.updated({"env": env})
-    return execution_plan(build_workers(config), config)
+    return ALGORITHM.plan(config, env=env)
 
 
 def _describe(config: A2CConfig) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxplan import trainer
 from jaxplan.a2c.policy import A2CPolicy
-from jaxplan.a3c.config import PRESETS, A3CConfig, preset_config
+from jaxplan.a3c.config import PRESETS, A3CConfig
 from jaxplan.algorithms import Algorithm
 from jaxplan.flow import Flow, Plan
 from jaxplan.stages import StandardMetricsReporting
@@ -56,12 +56,7 @@ def a3c_plan(
 ) -> Plan:
     """The A3C plan for a config (an `A3CConfig`, or an RLlib-style dict applied on top of the
     tuned preset for its env)."""
-    if not isinstance(config, A3CConfig):
-        overrides = dict(config or {})
-        config = preset_config(env or overrides.get("env", A3CConfig.env), overrides)
-    elif env is not None and env != config.env:
-        config = config.updated({"env": env})
-    return execution_plan(build_workers(config), config)
+    return ALGORITHM.plan(config, env=env)
 
 
 def _describe(config: A3CConfig) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from jaxplan import trainer
 from jaxplan.algorithms import Algorithm
 from jaxplan.flow import Plan
-from jaxplan.ppo.config import PPOConfig, preset_config
+from jaxplan.ppo.config import PPOConfig
 from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.ppo.presets import PRESETS
 from jaxplan.stages import (
@@ -84,13 +84,7 @@ def ppo_plan(
 ) -> Plan:
     """The PPO plan for a config (a `PPOConfig`, or an RLlib-style dict applied on top of the
     tuned preset for its env). `ppo_plan(env="CartPole-v1")` uses that env's preset."""
-    if not isinstance(config, PPOConfig):
-        overrides = dict(config or {})
-        name = env or overrides.get("env", PPOConfig.env)
-        config = preset_config(name, overrides)
-    elif env is not None and env != config.env:
-        config = config.updated({"env": env})
-    return execution_plan(build_workers(config), config)
+    return ALGORITHM.plan(config, env=env)
 
 
 ALGORITHM = Algorithm(
