@@ -1,6 +1,7 @@
-"""ActorCriticPolicy: what the on-policy actor-critic algorithms (PPO, A2C) share: the model
-(actor and critic), the action distribution, truncation-correct GAE postprocessing and an Adam
-step at the traced learning rate. An algorithm subclasses it with its `HParams` and its loss."""
+"""ActorCriticPolicy: what the actor-critic algorithms (PPO, A2C/A3C, IMPALA) share: the
+model (actor and critic), the action distribution, truncation-correct GAE (or V-trace)
+postprocessing and an Adam step at the traced learning rate. An algorithm subclasses it with
+its `HParams` and its loss."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from jaxplan.envs import ActionSpace
 from jaxplan.gae import compute_gae
 from jaxplan.models import build_model
 from jaxplan.policy import PolicyState
+from jaxplan.vtrace import vtrace
 
 
 class ActorCriticPolicy:
@@ -92,9 +94,22 @@ class ActorCriticPolicy:
 
     def postprocess_trajectory(self, params: Any, hparams: Any, traj: sb.SampleBatch):
         """Adds `vf_preds`, and truncation-correct GAE `advantages` and `value_targets` over
-        the time axis (`jaxplan.gae`)."""
+        the time axis (`jaxplan.gae`); with the config's `vtrace` (PPO async, IMPALA), V-trace
+        advantages and value targets instead (`jaxplan.vtrace`), correcting for the params
+        that acted (their log-probs are in the trajectory) not being `params`."""
         fragment = self.fragment_values(params, hparams, traj)
-        advantages, value_targets = compute_gae(*fragment)
+        if getattr(self.config, "vtrace", False):
+            inputs = self.net.policy(params, traj[sb.OBS])
+            value_targets, advantages = vtrace(
+                traj[sb.ACTION_LOGP],
+                self.dist.log_prob(inputs, traj[sb.ACTIONS]),
+                *fragment,
+                clip_rho_threshold=self.config.vtrace_clip_rho_threshold,
+                clip_c_threshold=self.config.vtrace_clip_c_threshold,
+                clip_pg_rho_threshold=self.config.vtrace_clip_pg_rho_threshold,
+            )
+        else:
+            advantages, value_targets = compute_gae(*fragment)
         return {
             **traj,
             sb.VF_PREDS: fragment[1],
