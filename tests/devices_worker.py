@@ -5,6 +5,8 @@ start). Prints one JSON line of measurements for the parent test to assert on.
     python tests/devices_worker.py equivalence N   # N-device stages vs the 1-device ones
     python tests/devices_worker.py solve N         # PPO on N devices, CartPole to 475
     python tests/devices_worker.py evaluation N    # the evaluation stage, N devices vs 1
+    python tests/devices_worker.py plan N          # two PPO iterations, N devices vs 1
+    python tests/devices_worker.py plan_ma N       # the same, multi-agent with a shared policy
 """
 
 from __future__ import annotations
@@ -290,9 +292,71 @@ def evaluation(n: int) -> dict:
     return {"equal": mesh["hist_stats"] == ref, "evaluation": mesh, "reference": ref}
 
 
+PLAN_SMALL = {
+    "num_workers": 4,
+    "num_envs_per_worker": 2,
+    "rollout_fragment_length": 8,
+    "train_batch_size": 128,  # ConcatBatches of 2 rounds of 4 groups x 2 envs x 8 steps
+    "sgd_minibatch_size": 32,  # 4 shuffled minibatches per epoch
+    "num_sgd_iter": 2,
+    "lr": 1e-3,
+    "model": {"fcnet_hiddens": [16]},
+}
+
+
+def plan_equivalence(n: int, env: str = "CartPole-v1", config: dict = PLAN_SMALL) -> dict:
+    """Two whole PPO iterations (rollouts, ConcatBatches of 2 rounds, 2 epochs of shuffled
+    minibatches of a quarter of the batch) on n devices against no mesh, from the same key: the
+    gathered train batch has the one-device row order, so the minibatches hold the same rows
+    and the params agree up to float rounding. Also `devices.gather_rows` on known rows."""
+    from jaxplan.devices import gather_rows
+
+    params, init = {}, None
+    for num_devices in (0, n):
+        plan = ppo_plan(preset_config(env, {**config, "num_devices": num_devices}))
+        state = jax.jit(plan.init)(jax.random.PRNGKey(7))
+        init = jax.device_get({pid: ps.params for pid, ps in state.policies.items()})
+        step = jax.jit(plan.step)
+        for _ in range(2):
+            state, _ = step(state)
+        params[num_devices] = jax.device_get({pid: ps.params for pid, ps in state.policies.items()})
+    blocks, rows = 3, np.arange(n * 3 * 2)  # each device: 3 blocks of 2 rows
+    interleaved = jax.jit(
+        jax.shard_map(
+            lambda x: gather_rows(x, AXIS, blocks),
+            mesh=plan.workers.mesh,
+            in_specs=P(AXIS),
+            out_specs=P(),
+        )
+    )(rows)
+    expected = rows.reshape(n, blocks, 2).transpose(1, 0, 2).reshape(-1)
+    return {
+        "mesh": plan.workers.mesh.size,
+        "policies": sorted(params[0]),
+        "params_max_diff": max_diff(params[n], params[0]),
+        "params_changed": max_diff(params[0], init),
+        "gather_rows_ok": bool(np.array_equal(np.asarray(interleaved), expected)),
+    }
+
+
+def plan_equivalence_multi_agent(n: int) -> dict:
+    """`plan_equivalence` on 3-agent CartPole: `agent_0` and `agent_1` share `p0` (2 rows per
+    env step), `agent_2` has `p1`."""
+    ma = {
+        **PLAN_SMALL,
+        "env_config": {"num_agents": 3},
+        "multiagent": {
+            "policies": {"p0": {}, "p1": {}},
+            "policy_mapping": {"agent_0": "p0", "agent_1": "p0", "agent_2": "p1"},
+        },
+    }
+    return plan_equivalence(n, "MultiAgentCartPole", ma)
+
+
 if __name__ == "__main__":
     mode, n = sys.argv[1], int(sys.argv[2])
     modes = {"equivalence": equivalence, "solve": solve, "async": async_lag, "ma": multiagent}
     modes["evaluation"] = evaluation
+    modes["plan"], modes["plan_ma"] = plan_equivalence, plan_equivalence_multi_agent
     result = modes[mode](n)
     print(json.dumps(result))

@@ -47,12 +47,20 @@ class MultiAgentBatch:
     Inside a multi-device plan (`shard_map`) the rows are split across the mesh axis
     `shard_axis` into `num_shards` equal shards: each device's `policy_batches` hold its own
     shard, while `env_steps` and `agent_steps()` count the whole (global) batch.
+
+    `time_steps` (static) says how the shards interleave: each shard's rows are `time_steps`
+    equal blocks of consecutive rows, one per time step (rollouts: rows `[T, groups, envs,
+    agents]` of the device's own actor groups, flattened; concatenated rounds add their steps).
+    The whole batch is block 0 of every shard in device order, then block 1, ...
+    (`devices.gather_rows`): time-major, the rows of the same rollouts on one device. `1` (the
+    default) means the shards are contiguous parts of the whole batch.
     """
 
     policy_batches: dict[str, SampleBatch]
     env_steps: int = struct.field(pytree_node=False)
     shard_axis: str | None = struct.field(pytree_node=False, default=None)
     num_shards: int = struct.field(pytree_node=False, default=1)
+    time_steps: int = struct.field(pytree_node=False, default=1)
 
     def agent_steps(self) -> int:
         return self.num_shards * sum(batch_rows(b) for b in self.policy_batches.values())

@@ -93,6 +93,22 @@ def gather(x, axis_name: str | None, axis: int = 0):
     return all_gather_invariant(x, axis_name, axis=axis, tiled=True)
 
 
+def gather_rows(x, axis_name: str | None, blocks: int = 1):
+    """Every device's rows (the leading axis of every leaf of `x`), interleaved: each device's
+    rows are `blocks` equal blocks of consecutive rows; the result is block 0 of every device in
+    device order, then block 1, ... (`gather` along the rows for `blocks=1`). For rows laid out
+    `[time, local groups, ...]` with the groups split across devices in order, that is the
+    one-device order `[time, groups, ...]`. The same on every device; one all-gather."""
+    if axis_name is None:
+        return x
+
+    def interleave(v):
+        v = v.reshape(blocks, v.shape[0] // blocks, *v.shape[1:])
+        return gather(v, axis_name, axis=1).reshape(-1, *v.shape[2:])
+
+    return jax.tree.map(interleave, x)
+
+
 def _gather_by_psum(x: jax.Array, axis_name: str, axis: int) -> jax.Array:
     n = axis_size(axis_name)
     parts = jnp.zeros((n, *x.shape), x.dtype).at[shard_index(axis_name)].set(x)

@@ -49,6 +49,10 @@ class ConcatBatches:
             merged = jax.tree.map(
                 lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]), stacked.policy_batches
             )
-            return state, shape.replace(policy_batches=merged, env_steps=rounds * shape.env_steps)
+            return state, shape.replace(
+                policy_batches=merged,
+                env_steps=rounds * shape.env_steps,
+                time_steps=rounds * shape.time_steps,  # each shard's rows: [rounds, T, ...]
+            )
 
         return pull

@@ -17,7 +17,11 @@ with the newest params (the ones it is about to be trained with), when it is ful
   snapshots, fragment buffers and the params queue are the stage's state (`RolloutState`).
 
 Randomness is drawn per global actor group (`jaxplan.stages.acting`), so the data do not
-depend on how the groups are spread over devices.
+depend on how the groups are spread over devices. On a mesh each device's rows are its own
+groups' steps, time-major; the batch's `time_steps = T` lets `TrainOneStep` gather them in the
+one-device order (bulk_sync: exactly the rows of one device; async: the devices' fragments side
+by side like the groups of one round — async emits one fragment per device per round, so its
+data and lag depend on the number of devices).
 
 Observation filter (`WorkerSet.observation_filter="MeanStdFilter"`, `jaxplan.filters`): every
 group acts during a round (or async segment) with the statistics `PlanState.obs_filters` as
@@ -217,7 +221,7 @@ class Rollouts(Stage):
         state = _record_episodes(workers, state, devices.gather(episodes, axis, axis=1))
         state = _update_filters(_count_sampled(workers, state, rows), observed)
         batch = MultiAgentBatch(
-            batches, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards
+            batches, env_steps=rows, shard_axis=axis, num_shards=workers.num_shards, time_steps=t
         )
         return state, rs, batch
 

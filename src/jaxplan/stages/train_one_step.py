@@ -131,12 +131,14 @@ class TrainOneStep(Stage):
     loss statistics averaged over every minibatch of every epoch (plus the policy lag).
 
     `sgd_minibatch_size=0` trains on the whole batch as one minibatch (RLlib's simple path).
-    On a mesh the batch arrives split across the devices and is gathered first. Without
-    `data_parallel` every device computes the whole update (RLlib's `simple_optimizer`:
-    rollouts spread out, SGD on one learner); with it (`MultiGPUTrainOneStep`) every
-    minibatch is split `N` ways, each device computes the gradient of its slice, and gradients
-    and statistics are averaged across devices (and hosts) before one optimizer step on the
-    replicated params: the update one device would compute, up to float rounding.
+    On a mesh the batch arrives split across the devices and is gathered first, its rows in
+    the one-device order (`MultiAgentBatch.time_steps`), so each minibatch holds the rows it
+    would hold on one device. Without `data_parallel` every device computes the whole update
+    (RLlib's `simple_optimizer`: rollouts spread out, SGD on one learner); with it
+    (`MultiGPUTrainOneStep`) every minibatch is split `N` ways, each device computes the
+    gradient of its slice, and gradients and statistics are averaged across devices (and
+    hosts) before one optimizer step on the replicated params: the update one device would
+    compute, up to float rounding.
 
     A minibatch update whose loss, gradients or new params / optimizer state are not finite
     is not applied (the policy keeps its state for that minibatch); `learner_stats` count
@@ -196,7 +198,10 @@ class TrainOneStep(Stage):
             jax.random.split(k_sgd, len(batch.policy_batches)),
             strict=True,
         ):
-            pb = devices.gather(pb, batch.shard_axis)  # the whole train batch on every device
+            # the whole train batch on every device, rows in the one-device order (time-major
+            # over all actor groups): minibatches cut from the same permutation hold the same
+            # rows on any number of devices
+            pb = devices.gather_rows(pb, batch.shard_axis, batch.time_steps)
             policies[pid], stats = sgd_epochs(
                 self.workers.policies[pid],
                 policies[pid],
