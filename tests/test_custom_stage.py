@@ -216,9 +216,7 @@ def test_four_fake_devices_give_the_one_device_statistics():
     """One iteration (two rounds, both sampled with the initial params: the same data on 1 and
     4 devices by design) on 4 fake devices, in a subprocess, against one device. Later
     iterations may sample differently once float rounding of the all-reduced update flips an
-    action, so only the first is compared. (The params differ: on a mesh the train batch's rows
-    are device-major, so minibatches hold other rows; the update itself is the one device's,
-    see tests/devices_worker.py.)"""
+    action, so only the first is compared (whole-plan params: tests/test_devices.py)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     proc = subprocess.run(
         [sys.executable, __file__, "--devices", "4"],
