@@ -189,12 +189,11 @@ def test_cli_trains_resumes_and_refuses_another_algorithm(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a2c_solves_cartpole():
-    """The CartPole preset (16 envs x 16 steps, lr 1e-3, no grad clip): seed 0 reaches 475
-    at ~180k env steps (measured 179,200 on the 2-core CPU machine, ~20 s); budget 250k."""
+    """The CartPole preset (16 envs x 16 steps, lr 1e-3, no grad clip), seeds 0-2 vmapped:
+    475 at 162k-173k env steps (measured on the 2-core CPU machine, ~10 s); budget 250k."""
     plan = a2c_plan(env="CartPole-v1")
     iters = 250_000 // plan.workers.round_env_steps
-    _, results = jaxplan.train_seeds(plan, [0], iters, stop=jaxplan.Stop(episode_reward_mean=475))
-    done = np.asarray(results["done"])[0]
-    assert done.any(), np.nanmax(np.asarray(results["episode_reward_mean"]))
-    first = int(np.argmax(done))
-    assert np.asarray(results["episode_reward_mean"])[0, first] >= 475
+    stop = jaxplan.Stop(episode_reward_mean=475)
+    _, results = jaxplan.train_seeds(plan, [0, 1, 2], iters, stop=stop)
+    solved = np.asarray(results["done"]).any(axis=1)
+    assert solved.all(), np.nanmax(np.asarray(results["episode_reward_mean"]), axis=1)

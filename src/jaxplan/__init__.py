@@ -2,7 +2,7 @@
 
 What a plan author needs is here: the stage contract (`Stage`), `Flow` and `Plan`, RLlib's
 stages, `WorkerSet`/`PlanState`, the policy contract, the algorithms' plans and configs
-(PPO, A2C, A3C; `get_algorithm` by name), and the runners.
+(PPO, A2C, A3C, IMPALA; `get_algorithm` by name), and the runners.
 Formulas (`jaxplan.gae`, `jaxplan.vtrace`, `jaxplan.ppo.loss`), devices (`jaxplan.devices`),
 envs (`jaxplan.envs`: the env contract; `jaxplan.multi_agent`) and checkpoints live in their
 submodules.
@@ -23,6 +23,8 @@ from jaxplan.batch import (
 from jaxplan.config import TrainerConfig
 from jaxplan.envs import Env, register_env
 from jaxplan.flow import Flow, Plan, Stage
+from jaxplan.impala.config import IMPALAConfig
+from jaxplan.impala.plan import impala_plan
 from jaxplan.models import register_model
 from jaxplan.plans import sample_only_plan
 from jaxplan.policy import Policy, PolicyState
@@ -59,6 +61,7 @@ __all__ = [
     "DEFAULT_POLICY_ID",
     "A2CConfig",
     "A3CConfig",
+    "IMPALAConfig",
     "Algorithm",
     "ApplyGradients",
     "AsyncGradients",
@@ -67,6 +70,7 @@ __all__ = [
     "TrainerConfig",
     "a2c_plan",
     "a3c_plan",
+    "impala_plan",
     "get_algorithm",
     "ConcatBatches",
     "Env",

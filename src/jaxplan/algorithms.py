@@ -10,7 +10,12 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-MODULES = {"ppo": "jaxplan.ppo.plan", "a2c": "jaxplan.a2c.plan", "a3c": "jaxplan.a3c.plan"}
+MODULES = {
+    "ppo": "jaxplan.ppo.plan",
+    "a2c": "jaxplan.a2c.plan",
+    "a3c": "jaxplan.a3c.plan",
+    "impala": "jaxplan.impala.plan",
+}
 """CLI name -> the module whose `ALGORITHM` describes it."""
 
 ALGORITHM_NAMES = tuple(MODULES)

@@ -22,7 +22,7 @@ class A2CPolicy(ActorCriticPolicy):
         """GAE's inputs; with `use_gae=False`, lambda 1 (RLlib's discounted returns minus the
         value: the same advantages)."""
         fragment = super().fragment_values(params, hparams, traj)
-        return fragment if self.config.use_gae else (*fragment[:-1], 1.0)
+        return fragment if getattr(self.config, "use_gae", True) else (*fragment[:-1], 1.0)
 
     def loss(
         self,

@@ -1,0 +1,117 @@
+"""IMPALA configuration: RLlib's IMPALA keys and defaults on top of the common ones
+(`jaxplan.config`); tuned presets: `impala/presets.yaml`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+from flax import struct
+
+from jaxplan.config import (
+    HParams,
+    Schedule,
+    TrainerConfig,
+    check_hparams,
+    load_presets,
+    per_policy,
+    preset_of,
+    traced,
+)
+
+PRESETS: dict[str, dict[str, Any]] = load_presets(Path(__file__).with_name("presets.yaml"))
+"""Env id -> config overrides (RLlib-style dict) that `preset_config` applies."""
+
+OPTIMIZERS = ("adam",)
+
+
+@dataclasses.dataclass(frozen=True)
+class IMPALAConfig(TrainerConfig):
+    """RLlib IMPALA's configuration keys with RLlib's defaults. Samples come from async actor
+    groups (`max_sample_requests_in_flight_per_worker` is the async queue depth), V-trace
+    corrects for their lag (`vtrace_clip_rho_threshold`, `vtrace_clip_pg_rho_threshold`;
+    jaxplan adds `vtrace_clip_c_threshold` and the trace `lambda`, RLlib's are 1), and the
+    learner takes `num_sgd_iter` steps on each whole train batch.
+
+    Not modelled yet (refused when set): `replay_proportion > 0` (MixInReplay),
+    `broadcast_interval > 1`, `opt_type="rmsprop"`. `learner_queue_size` is accepted: the
+    learner consumes every train batch in the iteration that builds it, so its queue never
+    holds more than one."""
+
+    rollout_fragment_length: int = 50
+    train_batch_size: int = 500
+    lr: float = traced(5e-4)
+    lambda_: float = traced(1.0)
+    vtrace: bool = per_policy(True)
+    vtrace_clip_rho_threshold: float = per_policy(1.0)
+    vtrace_clip_pg_rho_threshold: float = per_policy(1.0)
+    vtrace_clip_c_threshold: float = per_policy(1.0)
+    grad_clip: float | None = per_policy(40.0)
+    opt_type: str = "adam"
+    vf_loss_coeff: float = traced(0.5)
+    entropy_coeff: float = traced(0.01)
+    entropy_coeff_schedule: Schedule | None = per_policy(None)
+    num_sgd_iter: int = 1
+    replay_proportion: float = 0.0
+    replay_buffer_num_slots: int = 0
+    learner_queue_size: int = 16
+    max_sample_requests_in_flight_per_worker: int = 2
+    broadcast_interval: int = 1
+
+    def validate(self) -> IMPALAConfig:
+        """The common checks (`TrainerConfig.validate`), then IMPALA's keys."""
+        super().validate()
+        check = self.check
+        check(self.vtrace, "vtrace", "IMPALA needs V-trace (without it, use a2c or ppo)")
+        for key in (
+            "vtrace_clip_rho_threshold",
+            "vtrace_clip_pg_rho_threshold",
+            "vtrace_clip_c_threshold",
+        ):
+            check(getattr(self, key) > 0, key, "must be > 0")
+        check(0.0 <= self.lambda_ <= 1.0, "lambda", "must be in [0, 1]")
+        check(self.vf_loss_coeff >= 0, "vf_loss_coeff", "must be >= 0")
+        check(self.entropy_coeff >= 0, "entropy_coeff", "must be >= 0")
+        check(self.num_sgd_iter >= 1, "num_sgd_iter", "must be >= 1")
+        check(self.opt_type in OPTIMIZERS, "opt_type", f"must be one of {list(OPTIMIZERS)}")
+        check(
+            self.replay_proportion == 0.0,
+            "replay_proportion",
+            "MixInReplay is not supported yet; use 0.0",
+        )
+        check(self.replay_buffer_num_slots >= 0, "replay_buffer_num_slots", "must be >= 0")
+        check(self.learner_queue_size >= 1, "learner_queue_size", "must be >= 1")
+        check(
+            self.max_sample_requests_in_flight_per_worker >= 1,
+            "max_sample_requests_in_flight_per_worker",
+            "must be >= 1",
+        )
+        check(
+            self.broadcast_interval == 1,
+            "broadcast_interval",
+            "only 1 is supported (a group takes the newest params whenever it starts a fragment)",
+        )
+        return self
+
+
+@struct.dataclass
+class IMPALAHParams(HParams):
+    """IMPALA hyper-parameters that live in `PlanState` as traced f32 scalars (vmap-able): the
+    `IMPALAConfig` fields declared `traced` (checked at import)."""
+
+    lr: jnp.ndarray
+    gamma: jnp.ndarray
+    lambda_: jnp.ndarray
+    vf_loss_coeff: jnp.ndarray
+    entropy_coeff: jnp.ndarray
+
+
+check_hparams(IMPALAHParams, IMPALAConfig)
+
+
+def preset_config(env: str, overrides: Mapping[str, Any] | None = None) -> IMPALAConfig:
+    """RLlib's IMPALA defaults, then the tuned preset for `env` (if any), then `overrides`."""
+    return preset_of(IMPALAConfig, PRESETS, env, overrides)

@@ -1,0 +1,91 @@
+"""IMPALA's execution plan (RLlib's `impala/impala.py`, `gather_experiences_directly`), with
+its asynchronous actors as staggered actor groups (deterministic, lag measured)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxplan import trainer
+from jaxplan.a2c.policy import A2CPolicy
+from jaxplan.algorithms import Algorithm
+from jaxplan.flow import Plan
+from jaxplan.impala.config import PRESETS, IMPALAConfig, IMPALAHParams
+from jaxplan.stages import (
+    ConcatBatches,
+    MultiGPUTrainOneStep,
+    ParallelRollouts,
+    StandardMetricsReporting,
+    TrainOneStep,
+)
+from jaxplan.stages.evaluation import report_evaluation
+from jaxplan.workers import WorkerSet
+
+
+class IMPALAPolicy(A2CPolicy):
+    """The actor-critic policy with V-trace postprocessing (the learner's params against the
+    acting ones, whose log-probs the rows carry) and RLlib's IMPALA loss, which is A2C's
+    summed loss on V-trace's policy-gradient advantages and value targets."""
+
+    hparams_class = IMPALAHParams
+
+
+def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
+    """IMPALA: async actor groups (each acting with its own params snapshot, refreshed when
+    it starts a fragment: RLlib's `BroadcastUpdateLearnerWeights` with `broadcast_interval`
+    1) -> train batches of `train_batch_size` -> the learner's `num_sgd_iter` steps on each
+    with the V-trace loss."""
+    rollouts = ParallelRollouts(
+        workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker
+    )
+    train_batches = rollouts.combine(
+        ConcatBatches(
+            min_batch_size=config.train_batch_size,
+            count_steps_by=config.multiagent.count_steps_by,
+        )
+    )
+    schedules = trainer.schedules_stage(config)
+    if schedules is not None:  # RLlib applies them inside its policies; here a stage
+        train_batches = train_batches.for_each(schedules)
+    learner = dict(num_sgd_iter=config.num_sgd_iter, shuffle_sequences=False)
+    if config.simple_optimizer or workers.mesh is None:
+        train_op = train_batches.for_each(TrainOneStep(workers, **learner))
+    else:  # each device differentiates its shard of the batch
+        train_op = train_batches.for_each(
+            MultiGPUTrainOneStep(
+                workers,
+                num_gpus=config.data_parallel_devices,
+                _fake_gpus=config.fake_gpus,
+                **learner,
+            )
+        )
+    evaluation = trainer.evaluation_stage(workers, config)
+    if evaluation is not None:
+        train_op = train_op.for_each(evaluation)
+    plan = StandardMetricsReporting(train_op, workers)
+    return plan if evaluation is None else plan.on_result(report_evaluation)
+
+
+def build_workers(config: IMPALAConfig) -> WorkerSet:
+    """The env, one IMPALA policy per policy id and the agent -> policy mapping, as a
+    `WorkerSet` on the config's devices (`jaxplan.trainer.build_workers`)."""
+    return trainer.build_workers(config, IMPALAPolicy)
+
+
+def impala_plan(
+    config: IMPALAConfig | Mapping[str, Any] | None = None, *, env: str | None = None
+) -> Plan:
+    """The IMPALA plan for a config (an `IMPALAConfig`, or an RLlib-style dict applied on top
+    of the tuned preset for its env)."""
+    return ALGORITHM.plan(config, env=env)
+
+
+ALGORITHM = Algorithm(
+    name="IMPALA",
+    config_class=IMPALAConfig,
+    presets=PRESETS,
+    build_workers=build_workers,
+    execution_plan=execution_plan,
+    describe=lambda c: f"{c.num_sgd_iter} V-trace step(s) on the whole batch",
+)
+"""IMPALA for `jaxplan train impala` (`jaxplan.algorithms`)."""
