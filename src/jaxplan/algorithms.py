@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-MODULES = {"ppo": "jaxplan.ppo.plan", "a2c": "jaxplan.a2c.plan"}
+MODULES = {"ppo": "jaxplan.ppo.plan", "a2c": "jaxplan.a2c.plan", "dqn": "jaxplan.dqn.plan"}
 """CLI name -> the module whose `ALGORITHM` describes it."""
 
 ALGORITHM_NAMES = tuple(MODULES)
