@@ -52,8 +52,9 @@ class DQNConfig(TrainerConfig):
     `gamma ** steps summed`). One iteration samples at least `timesteps_per_iteration` env
     steps in round-robin cycles of rollouts and replayed train steps (`training_intensity`:
     RLlib's replayed / sampled steps ratio; None: one train batch per rollout round).
-    Prioritized replay (RLlib's default) is `prioritized_replay`; distributional (`num_atoms >
-    1`) and noisy nets are not supported.
+    `prioritized_replay` defaults to False here (RLlib: True): prioritized replay is not
+    implemented yet and True is an error; distributional (`num_atoms > 1`) and noisy nets
+    are not supported.
     """
 
     num_workers: int = 0
@@ -74,7 +75,7 @@ class DQNConfig(TrainerConfig):
     timesteps_per_iteration: int = 1000
     target_network_update_freq: int = 500
     buffer_size: int = 50000
-    prioritized_replay: bool = True
+    prioritized_replay: bool = False  # RLlib: True (not implemented here yet)
     prioritized_replay_alpha: float = 0.6
     prioritized_replay_beta: float = 0.4
     prioritized_replay_eps: float = 1e-6
@@ -138,6 +139,11 @@ class DQNConfig(TrainerConfig):
             "must be in [0, 1]",
         )
         check(self.prioritized_replay_eps > 0, "prioritized_replay_eps", "must be > 0")
+        check(
+            not self.prioritized_replay,
+            "prioritized_replay",
+            "prioritized replay is not implemented yet; use false (uniform replay)",
+        )
         return self
 
     @property

@@ -29,11 +29,6 @@ def execution_plan(workers: WorkerSet, config: DQNConfig) -> Plan:
     take one gradient step on it and update the target network every
     `target_network_update_freq` sampled steps. One iteration is `cycles_per_iteration`
     round-robin cycles (>= `timesteps_per_iteration` env steps)."""
-    if config.prioritized_replay:
-        raise ValueError(
-            "config['prioritized_replay'] = True: prioritized replay is not implemented yet; "
-            "set prioritized_replay: false"
-        )
     local_replay_buffer = LocalReplayBuffer(
         workers,
         capacity=config.buffer_size,
