@@ -19,8 +19,9 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import jaxplan  # noqa: E402
 from common import Column, aot_compile, environment, format_table, timed, write_jsonl  # noqa: E402
+
+import jaxplan  # noqa: E402
 from jaxplan.algorithms import ALGORITHM_NAMES, get_algorithm  # noqa: E402
 from jaxplan.counters import counter_value  # noqa: E402
 

@@ -17,6 +17,17 @@ A `Flow` is built from stages at trace time: `Flow.source(stage)` starts it (the
 ends a flow in a `Plan`: the pure pair `init(key) -> PlanState` and
 `step(PlanState) -> (PlanState, Result)`. `Plan.on_result(fn)` adds a host-side hook that runs
 on each result once it is off the device (RLlib's `warn_about_bad_reward_scales`).
+
+Shared state: RLlib's DQN plan hands one `local_replay_buffer` to two operators
+(`StoreToReplayBuffer` writes it, `Replay` reads it). A stage whose `shares` is a `SharedState`
+(such as `jaxplan.stages.replay.LocalReplayBuffer`) gets that object's one state entry instead
+of its own: the entry is named, initialised, laid out and reported once, by the object, and
+every stage holding the same object reads and writes it, in flow order.
+
+Readiness: a source stage may define `ready(state, stage_state) -> bool` (RLlib's
+`_NextValueNotReady`: a replay buffer before `learning_starts`); `Flow.pull_if_ready` then
+pulls the whole flow only when it is ready (`lax.cond`), else leaves the state as it is and
+yields an item of zeros (see `Concurrently`).
 """
 
 from __future__ import annotations
@@ -49,6 +60,8 @@ class Stage:
     """
 
     name: str | None = None
+    shares: SharedState | None = None
+    """A `SharedState` whose one entry this stage uses instead of a state of its own."""
 
     def init(self, state: PlanState) -> tuple[PlanState, Any]:
         """The stage's fresh state (`None`: stateless); may also advance the core state."""
@@ -64,6 +77,22 @@ class Stage:
 
     def metrics(self, state: PlanState, stage_state: Any) -> Result:
         """Entries merged into each iteration's result (nested dicts merge); default: none."""
+        return {}
+
+
+class SharedState:
+    """State that several stages of one plan read and write (see the module docstring): it
+    has a stage's `name`, `init`, `partition_spec` and `metrics`, and no `apply` of its own."""
+
+    name: str | None = None
+
+    def init(self, state: PlanState) -> tuple[PlanState, Any]:
+        raise NotImplementedError
+
+    def partition_spec(self) -> Any:
+        return P()
+
+    def metrics(self, state: PlanState, stage_state: Any) -> Result:
         return {}
 
 
@@ -87,14 +116,43 @@ class Combinator(Protocol):
 class Flow:
     """A pure dataflow over `PlanState`: `pull(state) -> (state, item)` and its stages."""
 
-    def __init__(self, pull: Pull, stages: tuple[tuple[str, Stage], ...]):
+    def __init__(
+        self,
+        pull: Pull,
+        stages: tuple[tuple[str, Stage | SharedState], ...],
+        ready: Callable[[PlanState], jax.Array] | None = None,
+    ):
         self.pull = pull
-        self.stages = stages
+        self.stages = stages  # (name, owner of the state entry): a stage or a SharedState
+        self.ready = ready
 
     @classmethod
     def source(cls, stage: Stage) -> Flow:
-        """A flow that starts with `stage` (its `apply` gets `item=None`)."""
-        return cls(lambda state: (state, None), ()).for_each(stage)
+        """A flow that starts with `stage` (its `apply` gets `item=None`); if the stage has
+        `ready(state, stage_state)`, the flow is pulled only when that is true (see
+        `pull_if_ready`)."""
+        flow = cls(lambda state: (state, None), ()).for_each(stage)
+        check = getattr(stage, "ready", None)
+        if check is None:
+            return flow
+        name = flow.stages[-1][0]
+
+        def ready(state: PlanState) -> jax.Array:
+            return check(state.replace(stages={}), state.stages.get(name))
+
+        return cls(flow.pull, flow.stages, ready)
+
+    def pull_if_ready(self, state: PlanState) -> tuple[PlanState, Any, jax.Array]:
+        """`(state, item, ready)`: the flow pulled if its source is ready (always without a
+        `ready`), else the state unchanged and an item of zeros shaped like the pull's."""
+        if self.ready is None:
+            state, item = self.pull(state)
+            return state, item, jnp.bool_(True)
+        _, shapes = jax.eval_shape(self.pull, state)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        ok = self.ready(state)
+        state, item = jax.lax.cond(ok, self.pull, lambda s: (s, zeros), state)
+        return state, item, ok
 
     def for_each(self, stage: Stage | Callable[[Any], Any]) -> Flow:
         """Applies `stage` (or a plain function of the item) to every item of the flow."""
@@ -102,7 +160,9 @@ class Flow:
             if not callable(stage):
                 raise TypeError(f"for_each takes a Stage or a function of the item, got {stage!r}")
             stage = ItemFunction(stage)
-        name = _unique_name(stage, {n for n, _ in self.stages})
+        owner = stage if stage.shares is None else stage.shares
+        known = [n for n, o in self.stages if o is owner]
+        name = known[0] if known else _unique_name(owner, {n for n, _ in self.stages})
         upstream = self.pull
 
         def pull(state: PlanState) -> tuple[PlanState, Any]:
@@ -115,11 +175,11 @@ class Flow:
                 stages[name] = new
             return core.replace(stages=stages), item
 
-        return Flow(pull, (*self.stages, (name, stage)))
+        return Flow(pull, self.stages if known else (*self.stages, (name, owner)), self.ready)
 
     def combine(self, op: Combinator) -> Flow:
         """`op.combine(upstream pull) -> pull` (e.g. ConcatBatches); the stages stay."""
-        return Flow(op.combine(self.pull), self.stages)
+        return Flow(op.combine(self.pull), self.stages, self.ready)
 
     def batch(self, n: int) -> Flow:
         """RLlib's `LocalIterator.batch(n)`: each item is the next `n` items of this flow,
@@ -131,7 +191,21 @@ class Flow:
         def pull(state: PlanState) -> tuple[PlanState, Any]:
             return jax.lax.scan(lambda s, _: upstream(s), state, None, length=n)
 
-        return Flow(pull, self.stages)
+        return Flow(pull, self.stages, self.ready)
+
+    def repeat(self, n: int) -> Flow:
+        """Each item is the last of the next `n` items of this flow (a `lax.scan`): RLlib
+        pulls a plan's iterator until an iteration's `timesteps_per_iteration` are sampled
+        (`OncePerTimestepsElapsed`); here the number of pulls is static."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"Flow.repeat(n) needs an integer n >= 1, got {n!r}")
+        upstream = self.pull
+
+        def pull(state: PlanState) -> tuple[PlanState, Any]:
+            state, items = jax.lax.scan(lambda s, _: upstream(s), state, None, length=n)
+            return state, jax.tree.map(lambda x: x[-1], items)
+
+        return Flow(pull, self.stages, self.ready)
 
     def init(self, state: PlanState) -> PlanState:
         """Runs the stages' `init` in flow order on a fresh core state; stores their states."""
@@ -142,6 +216,32 @@ class Flow:
                 stages[name] = own
             state = core.replace(stages=stages)
         return state
+
+
+def merged_stages(flows: list[Flow]) -> tuple[tuple[str, Stage | SharedState], ...]:
+    """The state owners of several flows joined into one plan (`Concurrently`): an owner in
+    several flows (a `SharedState`) once; two different owners must not share a name (their
+    pulls were built with it), except stateless item functions, which keep no entry."""
+    out: list[tuple[str, Stage | SharedState]] = []
+    for flow in flows:
+        for name, owner in flow.stages:
+            same = [n for n, o in out if o is owner]
+            if same and same[0] != name:
+                raise ValueError(
+                    f"{type(owner).__name__} is named {same[0]!r} in one flow and {name!r} in "
+                    "another; give it a `name`"
+                )
+            clash = [o for n, o in out if n == name and o is not owner]
+            if clash and not (
+                isinstance(owner, ItemFunction) and isinstance(clash[0], ItemFunction)
+            ):
+                raise ValueError(
+                    f"two different stages are named {name!r} in the joined flows; give one of "
+                    "them another `name`"
+                )
+            if not same and not clash:
+                out.append((name, owner))
+    return tuple(out)
 
 
 def _check_same_kind(name: str, before: Any, after: Any) -> None:

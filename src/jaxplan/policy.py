@@ -61,3 +61,12 @@ class Policy(Protocol):
 
     def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:
         """One optimizer step."""
+
+
+def acting_params(policy: Policy, state: PolicyState, timestep: jax.Array) -> Any:
+    """The params rollouts act with when `timestep` env steps have been sampled (f32): the
+    policy's `acting_params(state, timestep)` if it has one (an optional hook: DQN adds its
+    epsilon-greedy exploration's epsilon, RLlib's `timestep` argument of
+    `compute_actions`), else `state.params`."""
+    hook = getattr(policy, "acting_params", None)
+    return state.params if hook is None else hook(state, timestep)

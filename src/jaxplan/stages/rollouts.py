@@ -49,6 +49,7 @@ from jaxplan.batch import MultiAgentBatch
 from jaxplan.devices import AXIS
 from jaxplan.filters import MeanStd, moments
 from jaxplan.flow import Flow, Stage
+from jaxplan.policy import acting_params
 from jaxplan.stages.acting import select_groups, step_envs
 from jaxplan.workers import PlanState, WorkerSet
 
@@ -126,7 +127,7 @@ class Rollouts(Stage):
             workers.local_groups,
             workers.rollout_fragment_length,
         )
-        snapshots = {pid: _stack(ps.params, groups) for pid, ps in state.policies.items()}
+        snapshots = {pid: _stack(self._acting(state, pid), groups) for pid in state.policies}
         _, (transitions, _, _) = jax.eval_shape(
             lambda actors, key: self._step(
                 state.obs_filters, snapshots, actors, key, None, per_group=True
@@ -146,7 +147,7 @@ class Rollouts(Stage):
         queue = {}
         if self.num_async > 1:
             queue = {
-                pid: _stack((ps.params, ps.version), self.num_async - 1)
+                pid: _stack((self._acting(state, pid), ps.version), self.num_async - 1)
                 for pid, ps in state.policies.items()
             }
         phase = jnp.arange(groups) % g  # the group's index on its device
@@ -189,7 +190,7 @@ class Rollouts(Stage):
         axis, t = workers.axis_name, workers.rollout_fragment_length
         key, k_round = jax.random.split(state.key)
         if rs is None:  # bulk_sync: everyone acts with the newest params, fragments complete
-            params = {pid: ps.params for pid, ps in state.policies.items()}
+            params = {pid: self._acting(state, pid) for pid in state.policies}
             actors, traj, episodes, observed = self._advance(state, params, k_round, axis)
             acted = {pid: ps.version for pid, ps in state.policies.items()}
         else:
@@ -225,12 +226,17 @@ class Rollouts(Stage):
         )
         return state, rs, batch
 
+    def _acting(self, state: PlanState, pid: str) -> Any:
+        """Policy `pid`'s params to act with now (`jaxplan.policy.acting_params`)."""
+        timestep = state.counters.num_steps_sampled.to_float()
+        return acting_params(self.workers.policies[pid], state.policies[pid], timestep)
+
     def _deliver(self, state: PlanState, rs: RolloutState) -> RolloutState:
         """Groups starting a fragment take the newest params (or, with `num_async = k > 1`,
         the ones newest `k - 1` rounds ago; the queue then takes the newest)."""
         queue, delivered = dict(rs.queue), {}
         for pid, ps in state.policies.items():
-            newest = (ps.params, ps.version)
+            newest = (self._acting(state, pid), ps.version)
             if self.num_async > 1:
                 delivered[pid] = jax.tree.map(lambda q: q[0], queue[pid])
                 queue[pid] = jax.tree.map(

@@ -1,0 +1,95 @@
+"""DQN's execution plan, line for line as RLlib writes it (`rllib/agents/dqn/dqn.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxplan import trainer
+from jaxplan.algorithms import Algorithm
+from jaxplan.dqn.config import (
+    PRESETS,
+    DQNConfig,
+    calculate_rr_weights,
+    cycles_per_iteration,
+    preset_config,
+)
+from jaxplan.dqn.policy import DQNPolicy
+from jaxplan.flow import Plan
+from jaxplan.stages import ParallelRollouts, StandardMetricsReporting, TrainOneStep
+from jaxplan.stages.concurrently import Concurrently
+from jaxplan.stages.evaluation import report_evaluation
+from jaxplan.stages.replay import LocalReplayBuffer, Replay, StoreToReplayBuffer
+from jaxplan.stages.update_target_network import UpdateTargetNetwork
+from jaxplan.workers import WorkerSet
+
+
+def execution_plan(workers: WorkerSet, config: DQNConfig) -> Plan:
+    """DQN: store every rollout round in the replay buffer; in turn, replay a train batch,
+    take one gradient step on it and update the target network every
+    `target_network_update_freq` sampled steps. One iteration is `cycles_per_iteration`
+    round-robin cycles (>= `timesteps_per_iteration` env steps)."""
+    local_replay_buffer = LocalReplayBuffer(
+        workers,
+        capacity=config.buffer_size,
+        replay_batch_size=config.train_batch_size,
+        learning_starts=config.learning_starts,
+    )
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=local_replay_buffer))
+    replay_op = (
+        Replay(local_buffer=local_replay_buffer)
+        .for_each(TrainOneStep(workers))
+        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
+    )
+    train_op = Concurrently(
+        [store_op, replay_op],
+        mode="round_robin",
+        output_indexes=[1],
+        round_robin_weights=calculate_rr_weights(config),
+    ).repeat(cycles_per_iteration(config))  # RLlib: until timesteps_per_iteration are sampled
+    evaluation = trainer.evaluation_stage(workers, config)
+    if evaluation is not None:  # RLlib's Trainer evaluates after the step; here it is a stage
+        train_op = train_op.for_each(evaluation)
+    plan = StandardMetricsReporting(train_op, workers)
+    return plan if evaluation is None else plan.on_result(report_evaluation)
+
+
+def build_workers(config: DQNConfig) -> WorkerSet:
+    """The env, one DQN policy per policy id and the agent -> policy mapping, as a
+    `WorkerSet` (`jaxplan.trainer.build_workers`)."""
+    return trainer.build_workers(config, DQNPolicy)
+
+
+def dqn_plan(
+    config: DQNConfig | Mapping[str, Any] | None = None, *, env: str | None = None
+) -> Plan:
+    """The DQN plan for a config (a `DQNConfig`, or an RLlib-style dict applied on top of the
+    tuned preset for its env). `dqn_plan(env="CartPole-v1")` uses that env's preset."""
+    if not isinstance(config, DQNConfig):
+        overrides = dict(config or {})
+        name = env or overrides.get("env", DQNConfig.env)
+        config = preset_config(name, overrides)
+    elif env is not None and env != config.env:
+        config = config.updated({"env": env})
+    return execution_plan(build_workers(config), config)
+
+
+def _describe(config: DQNConfig) -> str:
+    rollouts, trains = calculate_rr_weights(config)
+    cycles = cycles_per_iteration(config)
+    return (
+        f"{cycles} cycles of {rollouts} rollout round(s) + {trains} replayed train step(s) "
+        f"of {config.train_batch_size}"
+    )
+
+
+ALGORITHM = Algorithm(
+    name="DQN",
+    config_class=DQNConfig,
+    presets=PRESETS,
+    build_workers=build_workers,
+    execution_plan=execution_plan,
+    describe=_describe,
+)
+"""DQN for `jaxplan train dqn` (`jaxplan.algorithms`)."""
