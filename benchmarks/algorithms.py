@@ -69,9 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algorithms", nargs="+", default=None, choices=ALGORITHM_NAMES)
     args = parser.parse_args(argv)
-    names = args.algorithms or [
-        n for n in ALGORITHM_NAMES if args.env in get_algorithm(n).presets
-    ]
+    names = args.algorithms or [n for n in ALGORITHM_NAMES if args.env in get_algorithm(n).presets]
     rows = []
     for name in names:
         row = measure(name, args.env, args.seeds, args.budget, args.target)
