@@ -12,7 +12,6 @@ from jaxplan.dqn.config import (
     DQNConfig,
     calculate_rr_weights,
     cycles_per_iteration,
-    preset_config,
 )
 from jaxplan.dqn.policy import DQNPolicy
 from jaxplan.flow import Plan
@@ -66,13 +65,7 @@ def dqn_plan(
 ) -> Plan:
     """The DQN plan for a config (a `DQNConfig`, or an RLlib-style dict applied on top of the
     tuned preset for its env). `dqn_plan(env="CartPole-v1")` uses that env's preset."""
-    if not isinstance(config, DQNConfig):
-        overrides = dict(config or {})
-        name = env or overrides.get("env", DQNConfig.env)
-        config = preset_config(name, overrides)
-    elif env is not None and env != config.env:
-        config = config.updated({"env": env})
-    return execution_plan(build_workers(config), config)
+    return ALGORITHM.plan(config, env=env)
 
 
 def _describe(config: DQNConfig) -> str:
