@@ -28,14 +28,15 @@ class Algorithm:
     `config_class` its config (a `jaxplan.config.TrainerConfig`), `presets` its tuned
     overrides per env id, `build_workers(config) -> WorkerSet` and
     `execution_plan(workers, config) -> Plan` its plan (RLlib's names), and
-    `describe(config) -> str` what one iteration does (one line, for the CLI's header)."""
+    `describe(config) -> str` what one iteration does after sampling (one line, for the CLI's
+    header, e.g. `train_batch(config)` and the SGD)."""
 
     name: str
     config_class: type
     presets: Mapping[str, Mapping[str, Any]]
     build_workers: Callable[[Any], Any]
     execution_plan: Callable[[Any, Any], Any]
-    describe: Callable[[Any], str] = lambda config: ""
+    describe: Callable[[Any], str]
 
     def preset_config(self, env: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """RLlib's defaults, then the tuned preset for `env` (if any), then `overrides`."""
@@ -54,6 +55,12 @@ class Algorithm:
         elif env is not None and env != config.env:
             config = config.updated({"env": env})
         return self.execution_plan(self.build_workers(config), config)
+
+
+def train_batch(config: Any) -> str:
+    """`"train batch >= N env steps"` (or agent steps): the on-policy algorithms' header."""
+    count = config.multiagent.count_steps_by.replace("_", " ")
+    return f"train batch >= {config.train_batch_size} {count}"
 
 
 def get_algorithm(name: str) -> Algorithm:

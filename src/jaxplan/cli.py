@@ -543,13 +543,10 @@ def _train(args) -> int:
     except OSError as e:
         raise UsageError(f"--output {args.output}: cannot write results ({e.strerror})") from None
     say = print if writes else _silent
-    count = config.multiagent.count_steps_by.replace("_", " ")
-    work = algorithm.describe(config)
     say(
         f"jaxplan: {algorithm.name} on {config.env} | seeds {seeds[0]}..{seeds[-1]} | "
         f"{workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
-        f"{workers.rollout_fragment_length} steps, train batch >= {config.train_batch_size} "
-        f"{count} | {work + ' | ' if work else ''}"
+        f"{workers.rollout_fragment_length} steps, {algorithm.describe(config)} | "
         f"{_describe_stop(stop)} | {_describe_devices(jax, workers)}",
         flush=True,
     )

@@ -8,7 +8,7 @@ from typing import Any
 from jaxplan import trainer
 from jaxplan.a2c.config import PRESETS, A2CConfig
 from jaxplan.a2c.policy import A2CPolicy
-from jaxplan.algorithms import Algorithm
+from jaxplan.algorithms import Algorithm, train_batch
 from jaxplan.flow import Plan
 from jaxplan.stages import (
     ConcatBatches,
@@ -85,7 +85,7 @@ def _describe(config: A2CConfig) -> str:
             f"{config.num_microbatches} microbatch gradients of >= {config.microbatch_size} "
             "steps summed, 1 step"
         )
-    return "1 gradient step on the whole batch"
+    return f"{train_batch(config)} | 1 gradient step on the whole batch"
 
 
 ALGORITHM = Algorithm(

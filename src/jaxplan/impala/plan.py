@@ -8,7 +8,7 @@ from typing import Any
 
 from jaxplan import trainer
 from jaxplan.a2c.policy import A2CPolicy
-from jaxplan.algorithms import Algorithm
+from jaxplan.algorithms import Algorithm, train_batch
 from jaxplan.flow import Plan
 from jaxplan.impala.config import PRESETS, IMPALAConfig, IMPALAHParams
 from jaxplan.stages import (
@@ -86,6 +86,6 @@ ALGORITHM = Algorithm(
     presets=PRESETS,
     build_workers=build_workers,
     execution_plan=execution_plan,
-    describe=lambda c: f"{c.num_sgd_iter} V-trace step(s) on the whole batch",
+    describe=lambda c: f"{train_batch(c)} | {c.num_sgd_iter} V-trace step(s) on it",
 )
 """IMPALA for `jaxplan train impala` (`jaxplan.algorithms`)."""

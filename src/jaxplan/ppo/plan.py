@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxplan import trainer
-from jaxplan.algorithms import Algorithm
+from jaxplan.algorithms import Algorithm, train_batch
 from jaxplan.flow import Plan
 from jaxplan.ppo.config import PPOConfig
 from jaxplan.ppo.policy import PPOPolicy
@@ -93,6 +93,8 @@ ALGORITHM = Algorithm(
     presets=PRESETS,
     build_workers=build_workers,
     execution_plan=execution_plan,
-    describe=lambda c: f"{c.num_sgd_iter} epochs of minibatch {c.sgd_minibatch_size}",
+    describe=lambda c: (
+        f"{train_batch(c)} | {c.num_sgd_iter} epochs of minibatch {c.sgd_minibatch_size}"
+    ),
 )
 """PPO for `jaxplan train ppo` (`jaxplan.algorithms`)."""
