@@ -1,5 +1,6 @@
 """What every algorithm's plan builds from its config (a `jaxplan.config.TrainerConfig`): the
-`WorkerSet` with one policy per policy id, the evaluation stage and the schedules stage."""
+`WorkerSet` with one policy per policy id, the schedules stage, and the end of every plan
+(evaluation, when configured, and `StandardMetricsReporting`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 
 from jaxplan.config import TrainerConfig
 from jaxplan.devices import make_mesh
+from jaxplan.flow import Flow, Plan
 from jaxplan.multi_agent import as_multi_agent, make_env
-from jaxplan.stages import ApplySchedules
-from jaxplan.stages.evaluation import Evaluation
+from jaxplan.stages import ApplySchedules, StandardMetricsReporting
+from jaxplan.stages.evaluation import Evaluation, report_evaluation
 from jaxplan.workers import WorkerSet, resolve_policy_mapping
 
 PolicyFactory = Callable[[tuple[int, ...], Any, TrainerConfig], Any]
@@ -90,3 +92,14 @@ def schedules_stage(config: TrainerConfig) -> ApplySchedules | None:
             schedules[pid] = named
             configured[pid] = {name: float(own(name)) for name in named}
     return ApplySchedules(schedules, configured) if schedules else None
+
+
+def reporting(train_op: Flow, workers: WorkerSet, config: TrainerConfig) -> Plan:
+    """The end of a plan, RLlib's `StandardMetricsReporting(train_op, workers, config)` plus
+    its Trainer's evaluation: with `evaluation_interval`, the evaluation stage after the
+    training step (inside the compiled step) and its host hook; then the metrics."""
+    evaluation = evaluation_stage(workers, config)
+    if evaluation is not None:
+        train_op = train_op.for_each(evaluation)
+    plan = StandardMetricsReporting(train_op, workers)
+    return plan if evaluation is None else plan.on_result(report_evaluation)

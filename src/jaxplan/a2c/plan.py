@@ -14,10 +14,8 @@ from jaxplan.stages import (
     ConcatBatches,
     MultiGPUTrainOneStep,
     ParallelRollouts,
-    StandardMetricsReporting,
     TrainOneStep,
 )
-from jaxplan.stages.evaluation import report_evaluation
 from jaxplan.stages.gradients import ApplyGradients, AverageGradients, ComputeGradients
 from jaxplan.workers import WorkerSet
 
@@ -58,11 +56,7 @@ def execution_plan(workers: WorkerSet, config: A2CConfig) -> Plan:
                     _fake_gpus=config.fake_gpus,
                 )
             )
-    evaluation = trainer.evaluation_stage(workers, config)
-    if evaluation is not None:  # RLlib's Trainer evaluates after the step; here it is a stage
-        train_op = train_op.for_each(evaluation)
-    plan = StandardMetricsReporting(train_op, workers)
-    return plan if evaluation is None else plan.on_result(report_evaluation)
+    return trainer.reporting(train_op, workers, config)
 
 
 def build_workers(config: A2CConfig) -> WorkerSet:

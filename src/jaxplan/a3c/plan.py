@@ -12,8 +12,6 @@ from jaxplan.a2c.policy import A2CPolicy
 from jaxplan.a3c.config import PRESETS, A3CConfig
 from jaxplan.algorithms import Algorithm
 from jaxplan.flow import Flow, Plan
-from jaxplan.stages import StandardMetricsReporting
-from jaxplan.stages.evaluation import report_evaluation
 from jaxplan.stages.gradients import ApplyGradients, AsyncGradients, mean_learner_info
 from jaxplan.workers import WorkerSet
 
@@ -33,11 +31,7 @@ def execution_plan(workers: WorkerSet, config: A3CConfig) -> Plan:
     n = gradients_per_iteration(config, workers)
     if n > 1:
         train_op = train_op.batch(n).for_each(mean_learner_info)
-    evaluation = trainer.evaluation_stage(workers, config)
-    if evaluation is not None:
-        train_op = train_op.for_each(evaluation)
-    plan = StandardMetricsReporting(train_op, workers)
-    return plan if evaluation is None else plan.on_result(report_evaluation)
+    return trainer.reporting(train_op, workers, config)
 
 
 def gradients_per_iteration(config: A3CConfig, workers: WorkerSet) -> int:

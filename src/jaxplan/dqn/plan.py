@@ -15,9 +15,8 @@ from jaxplan.dqn.config import (
 )
 from jaxplan.dqn.policy import DQNPolicy
 from jaxplan.flow import Plan
-from jaxplan.stages import ParallelRollouts, StandardMetricsReporting, TrainOneStep
+from jaxplan.stages import ParallelRollouts, TrainOneStep
 from jaxplan.stages.concurrently import Concurrently
-from jaxplan.stages.evaluation import report_evaluation
 from jaxplan.stages.replay import LocalReplayBuffer, Replay, StoreToReplayBuffer
 from jaxplan.stages.update_target_network import UpdateTargetNetwork
 from jaxplan.workers import WorkerSet
@@ -47,11 +46,7 @@ def execution_plan(workers: WorkerSet, config: DQNConfig) -> Plan:
         output_indexes=[1],
         round_robin_weights=calculate_rr_weights(config),
     ).repeat(cycles_per_iteration(config))  # RLlib: until timesteps_per_iteration are sampled
-    evaluation = trainer.evaluation_stage(workers, config)
-    if evaluation is not None:  # RLlib's Trainer evaluates after the step; here it is a stage
-        train_op = train_op.for_each(evaluation)
-    plan = StandardMetricsReporting(train_op, workers)
-    return plan if evaluation is None else plan.on_result(report_evaluation)
+    return trainer.reporting(train_op, workers, config)
 
 
 def build_workers(config: DQNConfig) -> WorkerSet:

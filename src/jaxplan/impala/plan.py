@@ -15,10 +15,8 @@ from jaxplan.stages import (
     ConcatBatches,
     MultiGPUTrainOneStep,
     ParallelRollouts,
-    StandardMetricsReporting,
     TrainOneStep,
 )
-from jaxplan.stages.evaluation import report_evaluation
 from jaxplan.workers import WorkerSet
 
 
@@ -59,11 +57,7 @@ def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
                 **learner,
             )
         )
-    evaluation = trainer.evaluation_stage(workers, config)
-    if evaluation is not None:
-        train_op = train_op.for_each(evaluation)
-    plan = StandardMetricsReporting(train_op, workers)
-    return plan if evaluation is None else plan.on_result(report_evaluation)
+    return trainer.reporting(train_op, workers, config)
 
 
 def build_workers(config: IMPALAConfig) -> WorkerSet:

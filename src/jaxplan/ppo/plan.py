@@ -17,12 +17,10 @@ from jaxplan.stages import (
     ParallelRollouts,
     SelectExperiences,
     StandardizeFields,
-    StandardMetricsReporting,
     TrainOneStep,
     UpdateKL,
     warn_about_bad_reward_scales,
 )
-from jaxplan.stages.evaluation import report_evaluation
 from jaxplan.workers import WorkerSet
 
 
@@ -63,13 +61,9 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
             )
         )
     train_op = train_op.for_each(lambda t: t[1]).for_each(UpdateKL())
-    evaluation = trainer.evaluation_stage(workers, config)
-    if evaluation is not None:  # RLlib's Trainer evaluates after the step; here it is a stage
-        train_op = train_op.for_each(evaluation)
-    plan = StandardMetricsReporting(train_op, workers).on_result(
+    return trainer.reporting(train_op, workers, config).on_result(
         lambda result: warn_about_bad_reward_scales(config, result)
     )
-    return plan if evaluation is None else plan.on_result(report_evaluation)
 
 
 def build_workers(config: PPOConfig) -> WorkerSet:
