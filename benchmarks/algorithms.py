@@ -30,10 +30,6 @@ def measure(name: str, env: str, seeds: list[int], budget: int, target: float) -
     algorithm = get_algorithm(name)
     plan = algorithm.plan(env=env)
     keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
-    # steps per iteration from one traced step (static)
-    _, shape = jax.eval_shape(plan.step, jax.eval_shape(plan.init, keys[0]))
-    per_iter = jax.eval_shape(lambda: counter_value(shape["timesteps_this_iter"]))
-    del per_iter
     state0 = jax.jit(plan.init)(keys[0])
     _, first = jax.jit(plan.step)(state0)
     steps_per_iter = int(plan.report(first)["timesteps_this_iter"])
@@ -91,7 +87,7 @@ def main(argv=None) -> int:
         }
         for r in rows
     ]
-    columns = [Column(k, k) for k in table[0]] if table else []
+    columns: list[Column] = [(k, k, "") for k in table[0]] if table else []
     print(format_table(table, columns))
     return 0
 
