@@ -94,3 +94,11 @@ def test_a3c_solves_cartpole():
     _, results = jaxplan.train_seeds(plan, [0, 1, 2], iters, stop=stop)
     solved = np.asarray(results["done"]).any(axis=1)
     assert solved.all(), np.nanmax(np.asarray(results["episode_reward_mean"]), axis=1)
+
+
+def test_a_config_of_another_algorithm_is_refused():
+    from jaxplan.a3c.config import A3CConfig
+    from jaxplan.algorithms import get_algorithm
+
+    with pytest.raises(ValueError, match="A2C needs a config of type A2CConfig"):
+        get_algorithm("a2c").plan(A3CConfig())

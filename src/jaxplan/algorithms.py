@@ -48,6 +48,11 @@ class Algorithm:
         """The plan for a config: a `config_class` instance, or an RLlib-style dict (or None)
         applied on top of the tuned preset for its env (`env`, else the dict's `"env"`, else
         the default). `env` given with a config instance replaces its env."""
+        if dataclasses.is_dataclass(config) and type(config) is not self.config_class:
+            raise ValueError(
+                f"{self.name} needs a config of type {self.config_class.__name__} (or a dict "
+                f"of its keys), got {type(config).__name__}"
+            )
         if not isinstance(config, self.config_class):
             overrides = dict(config or {})
             name = env or overrides.get("env", self.config_class.env)

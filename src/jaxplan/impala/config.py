@@ -34,7 +34,9 @@ class IMPALAConfig(TrainerConfig):
     groups (`max_sample_requests_in_flight_per_worker` is the async queue depth), V-trace
     corrects for their lag (`vtrace_clip_rho_threshold`, `vtrace_clip_pg_rho_threshold`;
     jaxplan adds `vtrace_clip_c_threshold` and the trace `lambda`, RLlib's are 1), and the
-    learner takes `num_sgd_iter` steps on each whole train batch.
+    learner takes `num_sgd_iter` steps on each whole train batch (V-trace is computed once,
+    when each fragment is emitted, with the learner's params of that iteration: the params
+    of the first step; RLlib recomputes it in the loss at every step).
 
     Not modelled yet (refused when set): `replay_proportion > 0` (MixInReplay),
     `broadcast_interval > 1`, `opt_type="rmsprop"`. `learner_queue_size` is accepted: the
