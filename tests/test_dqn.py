@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxplan import cli
-from jaxplan.batch import MultiAgentBatch
+from jaxplan.batch import LearnerInfo, MultiAgentBatch, TrainOutput
 from jaxplan.counters import Counter, counter_value
 from jaxplan.dqn import loss as dqn_loss
 from jaxplan.dqn.config import DQNConfig, calculate_rr_weights, cycles_per_iteration
@@ -21,7 +21,8 @@ from jaxplan.dqn.plan import dqn_plan
 from jaxplan.flow import Flow, SharedState, Stage
 from jaxplan.policy import PolicyState
 from jaxplan.stages.concurrently import Concurrently
-from jaxplan.stages.replay import LocalReplayBuffer, ReplayState
+from jaxplan.stages.replay import LocalReplayBuffer, ReplayState, UpdatePriorities
+from jaxplan.stages.train_one_step import PER_ROW, TrainOneStep
 from jaxplan.stages.update_target_network import UpdateTargetNetwork
 from jaxplan.workers import Counters, PlanState
 
@@ -226,6 +227,114 @@ def test_replay_buffer_ring_order_and_samples_only_filled_slots():
         )
 
 
+def prio_buffer(capacity=10, batch=20000, **kw):
+    fake_workers = types.SimpleNamespace(mesh=None)
+    buffer = LocalReplayBuffer(
+        fake_workers, capacity=capacity, replay_batch_size=batch, prioritized_replay=True, **kw
+    )
+    own = ReplayState(
+        {"p": {"x": jnp.full(capacity, -1.0)}},
+        {"p": jnp.int32(0)},
+        {"p": jnp.int32(0)},
+        Counter.zero(),
+        {"p": jnp.zeros(capacity, jnp.float32)},
+        {"p": jnp.float32(1.0)},
+    )
+    return buffer, own
+
+
+def add_rows(buffer, own, start, n):
+    return buffer.add(own, MultiAgentBatch({"p": {"x": jnp.arange(start, start + n + 0.0)}}, n))
+
+
+def test_prioritized_sampling_probabilities_and_annealed_weights_match_numpy():
+    alpha = 0.6
+    buffer, own = prio_buffer(
+        prioritized_replay_alpha=alpha,
+        prioritized_replay_beta=0.4,
+        final_prioritized_replay_beta=1.0,
+        prioritized_replay_beta_annealing_timesteps=100,
+        prioritized_replay_eps=1e-6,
+    )
+    own = add_rows(buffer, own, 0, 7)  # 7 of 10 slots filled
+    td = np.array([0.5, -2.0, 0.0, 3.0, -0.1, 1.0, 0.25])
+    own = buffer.update_priorities(own, "p", jnp.arange(7), jnp.asarray(td, jnp.float32))
+    prio = np.abs(td) + 1e-6
+    ref_p = prio**alpha / np.sum(prio**alpha)  # float64 reference, filled slots only
+    got_p = np.asarray(buffer.probabilities(own, "p"))
+    np.testing.assert_allclose(got_p[:7], ref_p, rtol=1e-5)
+    assert (got_p[7:] == 0).all()
+    for timestep, beta in ((0, 0.4), (50, 0.7), (100, 1.0), (1e6, 1.0)):
+        sample = buffer.sample(own, jax.random.PRNGKey(1), jnp.float32(timestep))
+        rows = sample.policy_batches["p"]
+        slots = np.asarray(rows["batch_indexes"])
+        assert (np.asarray(rows["x"]) == slots).all() and slots.max() < 7
+        # RLlib: w_i = (N P(i))^-beta / (N min_k P(k))^-beta
+        ref_w = (7 * ref_p[slots]) ** -beta / (7 * ref_p.min()) ** -beta
+        np.testing.assert_allclose(rows["weights"], ref_w, rtol=1e-5)
+        assert float(np.max(rows["weights"])) <= 1.0 + 1e-6
+    np.testing.assert_allclose(float(buffer.beta(jnp.float32(25))), 0.55, rtol=1e-6)
+    # empirical frequencies of 20000 draws: |f - P| <= 0.012 (binomial sd <= 0.0036, > 3 sd)
+    freq = np.bincount(slots, minlength=10) / slots.size
+    np.testing.assert_allclose(freq[:7], ref_p, atol=0.012)
+    assert ref_p[2] < 0.01 and freq[2] < 0.01  # the zero-TD row (priority eps) is rare
+
+
+def test_update_priorities_last_write_wins_and_new_rows_get_max_priority():
+    buffer, own = prio_buffer(capacity=6, batch=4, prioritized_replay_eps=0.01)
+    own = add_rows(buffer, own, 0, 4)
+    np.testing.assert_array_equal(own.priorities["p"], [1, 1, 1, 1, 0, 0])  # initial max 1.0
+    slots = jnp.array([1, 3, 1, 2], jnp.int32)
+    td = jnp.array([4.0, -0.5, -2.0, jnp.nan])  # slot 1 twice: the later row (2.0) wins
+    own = buffer.update_priorities(own, "p", slots, td)
+    np.testing.assert_allclose(own.priorities["p"], [1, 2.01, 1, 0.51, 0, 0], rtol=1e-6)
+    np.testing.assert_allclose(own.max_priority["p"], 4.01, rtol=1e-6)  # RLlib: every write
+    own = add_rows(buffer, own, 4, 4)  # slots 4, 5, then the ring overwrites 0, 1
+    np.testing.assert_allclose(own.priorities["p"], [4.01, 4.01, 1, 0.51, 4.01, 4.01], rtol=1e-6)
+    # through the stage: the TrainOutput's td_error at its batch_indexes, then dropped
+    stage = UpdatePriorities(local_buffer=buffer)
+    batch = MultiAgentBatch({"p": {"batch_indexes": jnp.array([2, 3], jnp.int32)}}, 2)
+    info = LearnerInfo({"p": {"learner_stats": {}, "td_error": jnp.array([0.09, 9.99])}})
+    _, own, out = stage.apply(None, own, TrainOutput(batch, info))
+    np.testing.assert_allclose(own.priorities["p"][2:4], [0.1, 10.0], rtol=1e-6)
+    assert "td_error" not in out.learner_info["p"]
+
+
+def test_train_one_step_returns_td_errors_in_replayed_row_order():
+    plan = dqn_plan(TINY, env="CartPole-v1")
+    state = plan.init(jax.random.PRNGKey(0))
+    step = jax.jit(plan.step)
+    state, _ = step(*step(state)[:1])
+    buffer = next(o for _, o in plan.flow.stages if isinstance(o, LocalReplayBuffer))
+    own = state.stages[next(n for n, o in plan.flow.stages if o is buffer)]
+    assert float(jnp.std(own.priorities["default_policy"][:64])) > 0  # updated from TD errors
+    batch = buffer.sample(own, jax.random.PRNGKey(5), jnp.float32(64))
+    policy = plan.workers.policies["default_policy"]
+    ps = state.policies["default_policy"]
+    rows = batch.policy_batches["default_policy"]
+    _, stats = policy.loss(ps.params, ps.hparams, ps.kl_coeff, rows)
+    _, _, out = jax.jit(TrainOneStep(plan.workers).apply)(state, None, batch)  # shuffles rows
+    got = out.learner_info["default_policy"]["td_error"]
+    np.testing.assert_allclose(got, stats[PER_ROW]["td_error"], rtol=1e-5, atol=1e-6)
+    assert float(jnp.std(got)) > 0
+
+
+def test_uniform_replay_is_unchanged_without_prioritized_replay():
+    plan = dqn_plan({**TINY, "prioritized_replay": False}, env="CartPole-v1")
+    buffer = next(o for _, o in plan.flow.stages if isinstance(o, LocalReplayBuffer))
+    state = plan.init(jax.random.PRNGKey(0))
+    own = state.stages[next(n for n, o in plan.flow.stages if o is buffer)]
+    assert own.priorities == {} and own.max_priority == {}  # no new state leaves
+    step = jax.jit(plan.step)
+    state, _ = step(*step(state)[:1])
+    own = state.stages[next(n for n, o in plan.flow.stages if o is buffer)]
+    key = jax.random.PRNGKey(7)
+    rows = buffer.sample(own, key, jnp.float32(1e4)).policy_batches["default_policy"]
+    (k,) = jax.random.split(key, 1)  # the old sampler: uniform slots of the filled ones
+    ref = jax.random.randint(k, (16,), 0, own.size["default_policy"])
+    assert (rows["batch_indexes"] == ref).all() and "weights" not in rows
+
+
 def test_update_target_network_counts_sampled_steps():
     class Fake:
         def update_target(self, ps):
@@ -354,8 +463,9 @@ def test_dqn_learns_cartpole():
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="did you mean 'target_network_update_freq'"):
         DQNConfig().updated({"target_network_update_frq": 10})
-    with pytest.raises(ValueError, match="config\\['prioritized_replay'\\]"):
-        DQNConfig().updated({"prioritized_replay": True})
+    with pytest.raises(ValueError, match="config\\['final_prioritized_replay_beta'\\]"):
+        DQNConfig().updated({"final_prioritized_replay_beta": 1.5})
+    assert DQNConfig().prioritized_replay is True  # RLlib's default
     with pytest.raises(ValueError, match="config\\['exploration_config.final_epsilon'\\]"):
         DQNConfig().updated({"exploration_config": {"final_epsilon": 1.5}})
     with pytest.raises(ValueError, match="config\\['n_step'\\]"):

@@ -52,9 +52,11 @@ class DQNConfig(TrainerConfig):
     `gamma ** steps summed`). One iteration samples at least `timesteps_per_iteration` env
     steps in round-robin cycles of rollouts and replayed train steps (`training_intensity`:
     RLlib's replayed / sampled steps ratio; None: one train batch per rollout round).
-    `prioritized_replay` defaults to False here (RLlib: True): prioritized replay is not
-    implemented yet and True is an error; distributional (`num_atoms > 1`) and noisy nets
-    are not supported.
+    `prioritized_replay` (RLlib's default, True) replays rows by priority `|td_error| + eps`
+    to the power `prioritized_replay_alpha`, weighted by importance weights whose exponent goes
+    from `prioritized_replay_beta` to `final_prioritized_replay_beta` over
+    `prioritized_replay_beta_annealing_timesteps` env steps sampled (`LocalReplayBuffer`).
+    Distributional (`num_atoms > 1`) and noisy nets are not supported.
     """
 
     num_workers: int = 0
@@ -75,9 +77,11 @@ class DQNConfig(TrainerConfig):
     timesteps_per_iteration: int = 1000
     target_network_update_freq: int = 500
     buffer_size: int = 50000
-    prioritized_replay: bool = False  # RLlib: True (not implemented here yet)
+    prioritized_replay: bool = True
     prioritized_replay_alpha: float = 0.6
     prioritized_replay_beta: float = 0.4
+    final_prioritized_replay_beta: float = 0.4
+    prioritized_replay_beta_annealing_timesteps: int = 20000
     prioritized_replay_eps: float = 1e-6
     training_intensity: float | None = None
     learning_starts: int = 1000
@@ -138,12 +142,17 @@ class DQNConfig(TrainerConfig):
             "prioritized_replay_beta",
             "must be in [0, 1]",
         )
-        check(self.prioritized_replay_eps > 0, "prioritized_replay_eps", "must be > 0")
         check(
-            not self.prioritized_replay,
-            "prioritized_replay",
-            "prioritized replay is not implemented yet; use false (uniform replay)",
+            0.0 <= self.final_prioritized_replay_beta <= 1.0,
+            "final_prioritized_replay_beta",
+            "must be in [0, 1]",
         )
+        check(
+            self.prioritized_replay_beta_annealing_timesteps >= 0,
+            "prioritized_replay_beta_annealing_timesteps",
+            "must be >= 0",
+        )
+        check(self.prioritized_replay_eps > 0, "prioritized_replay_eps", "must be > 0")
         return self
 
     @property

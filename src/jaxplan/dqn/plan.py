@@ -17,14 +17,20 @@ from jaxplan.dqn.policy import DQNPolicy
 from jaxplan.flow import Plan
 from jaxplan.stages import ParallelRollouts, TrainOneStep
 from jaxplan.stages.concurrently import Concurrently
-from jaxplan.stages.replay import LocalReplayBuffer, Replay, StoreToReplayBuffer
+from jaxplan.stages.replay import (
+    LocalReplayBuffer,
+    Replay,
+    StoreToReplayBuffer,
+    UpdatePriorities,
+)
 from jaxplan.stages.update_target_network import UpdateTargetNetwork
 from jaxplan.workers import WorkerSet
 
 
 def execution_plan(workers: WorkerSet, config: DQNConfig) -> Plan:
     """DQN: store every rollout round in the replay buffer; in turn, replay a train batch,
-    take one gradient step on it and update the target network every
+    take one gradient step on it, (prioritized replay) set the replayed rows' priorities from
+    their TD errors and update the target network every
     `target_network_update_freq` sampled steps. One iteration is `cycles_per_iteration`
     round-robin cycles (>= `timesteps_per_iteration` env steps)."""
     local_replay_buffer = LocalReplayBuffer(
@@ -32,14 +38,21 @@ def execution_plan(workers: WorkerSet, config: DQNConfig) -> Plan:
         capacity=config.buffer_size,
         replay_batch_size=config.train_batch_size,
         learning_starts=config.learning_starts,
+        prioritized_replay=config.prioritized_replay,
+        prioritized_replay_alpha=config.prioritized_replay_alpha,
+        prioritized_replay_beta=config.prioritized_replay_beta,
+        final_prioritized_replay_beta=config.final_prioritized_replay_beta,
+        prioritized_replay_beta_annealing_timesteps=(
+            config.prioritized_replay_beta_annealing_timesteps
+        ),
+        prioritized_replay_eps=config.prioritized_replay_eps,
     )
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=local_replay_buffer))
-    replay_op = (
-        Replay(local_buffer=local_replay_buffer)
-        .for_each(TrainOneStep(workers))
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
-    )
+    replay_op = Replay(local_buffer=local_replay_buffer).for_each(TrainOneStep(workers))
+    if config.prioritized_replay:  # RLlib's update_prio: |td_error| + eps at batch_indexes
+        replay_op = replay_op.for_each(UpdatePriorities(local_buffer=local_replay_buffer))
+    replay_op = replay_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
     train_op = Concurrently(
         [store_op, replay_op],
         mode="round_robin",

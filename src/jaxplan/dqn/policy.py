@@ -17,12 +17,14 @@ from jaxplan.dqn.config import DQNConfig, DQNHParams
 from jaxplan.envs import ActionSpace, Discrete
 from jaxplan.models import ACTIVATIONS, MLP, ConvFilter, conv_output_shape, get_filter_config
 from jaxplan.policy import PolicyState
+from jaxplan.stages import replay
 from jaxplan.stages.apply_schedules import piecewise_linear
+from jaxplan.stages.train_one_step import PER_ROW
 
 N_STEPS = "n_steps"
 """int32 field: the steps an n-step transition sums (its bootstrap is `gamma ** n_steps`)."""
 
-PRIO_WEIGHTS = "weights"
+PRIO_WEIGHTS = replay.PRIO_WEIGHTS
 """Prioritized replay's importance weights of the replayed rows (RLlib's field)."""
 
 
@@ -181,7 +183,8 @@ class DQNPolicy:
         batch: sb.SampleBatch,
         axis_name: str | None = None,
     ):
-        """Mean (importance-weighted) Huber TD error and RLlib's DQN learner statistics."""
+        """Mean (importance-weighted) Huber TD error and RLlib's DQN learner statistics; with
+        `prioritized_replay` also the per-row `td_error` (`train_one_step.PER_ROW`)."""
         q_t = self.q_values(params["q"], batch[sb.OBS])
         actions = batch[sb.ACTIONS].astype(jnp.int32)
         q_selected = jnp.take_along_axis(q_t, actions[..., None], axis=-1)[..., 0]
@@ -203,6 +206,8 @@ class DQNPolicy:
             "max_q": jnp.max(q_selected),
             "mean_td_error": jnp.mean(td_error),
         }
+        if self.config.prioritized_replay:  # per row, for UpdatePriorities (not averaged)
+            stats[PER_ROW] = {replay.TD_ERROR: td_error}
         return loss, jax.tree.map(jax.lax.stop_gradient, stats)
 
     def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:

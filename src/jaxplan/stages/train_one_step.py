@@ -41,6 +41,11 @@ NONFINITE_STATS = (
 the first non-finite loss term (when the total loss is not finite), the total loss, then the
 gradients, the new params and the new optimizer state."""
 
+PER_ROW = "per_row"
+"""A loss's stats entry `{name: [minibatch rows, ...]}` of per-row values (DQN's `td_error`):
+`sgd_epochs` passes it through (the last epoch's, in the batch's row order) instead of
+averaging it, and `TrainOneStep` puts each entry in `learner_info[pid][name]`."""
+
 NONFINITE_CODE = "first_nonfinite_stat"
 """The key of that code in `sgd_epochs`' stats and in `learner_info[pid]`."""
 
@@ -90,6 +95,10 @@ def sgd_epochs(
     `first_nonfinite_stat` (`NONFINITE_CODE`: int32 code of the first such minibatch's
     culprit, 0 if none; `NONFINITE_STATS[code - 1]` names it).
 
+    A loss whose stats hold a `PER_ROW` dict gets it back in `stats[PER_ROW]`: each value of
+    the last epoch per row of `batch`, in `batch`'s row order (whatever the shuffling); NaN
+    for rows that epoch skipped (the remainder of its permutation). Not with `axis_name`.
+
     `batch` is the whole train batch. With `axis_name` (data-parallel inside `shard_map`, the
     same `batch`, `pstate` and `key` on every device) each device computes the loss on its
     `1/N` slice of every minibatch, and the gradients and statistics are averaged across the
@@ -117,8 +126,23 @@ def sgd_epochs(
         idx = devices.local_slice(idx, axis_name, axis=1)  # this device's part of each one
         return jax.lax.scan(minibatch_step, ps, jax.tree.map(lambda x: x[idx], batch))
 
-    pstate, (stats, codes) = jax.lax.scan(epoch, pstate, jax.random.split(key, num_sgd_iter))
+    epoch_keys = jax.random.split(key, num_sgd_iter)
+    pstate, (stats, codes) = jax.lax.scan(epoch, pstate, epoch_keys)
+    per_row = stats.pop(PER_ROW, None)
     stats = jax.tree.map(jnp.mean, stats)
+    if per_row is not None:
+        if axis_name is not None:
+            raise NotImplementedError("per-row loss outputs are not supported with axis_name")
+        # the last epoch's values, scattered back to the rows its (distinct) indices name
+        idx = minibatch_indices(epoch_keys[-1], num_rows, minibatch_size, shuffle=shuffle)
+        idx = idx.reshape(-1)
+
+        def unshuffle(x):
+            last = x[-1].reshape(idx.shape[0], *x.shape[3:])
+            out = jnp.full((num_rows, *x.shape[3:]), jnp.nan, last.dtype)
+            return out.at[idx].set(last)
+
+        stats[PER_ROW] = jax.tree.map(unshuffle, per_row)
     skipped = codes.reshape(-1) > 0
     stats["num_nonfinite_updates"] = jnp.sum(skipped.astype(jnp.int32))
     stats[NONFINITE_CODE] = codes.reshape(-1)[jnp.argmax(skipped)]  # 0 if none
@@ -214,6 +238,7 @@ class TrainOneStep(Stage):
             )
             # the culprit's code stays out of learner_stats (numbers, RLlib's): named on the host
             info = {"learner_stats": stats, "first_nonfinite_stat": stats.pop(NONFINITE_CODE)}
+            info.update(stats.pop(PER_ROW, {}))  # per-row outputs (DQN's td_error), RLlib's place
             if sb.REWARDS in pb:  # rows of the train batch whose sampled reward is NaN or inf
                 bad_rewards = ~jnp.isfinite(pb[sb.REWARDS])
                 info["num_nonfinite_rewards"] = jnp.sum(bad_rewards.astype(jnp.int32))
