@@ -301,7 +301,7 @@ def test_update_priorities_last_write_wins_and_new_rows_get_max_priority():
 
 
 def test_train_one_step_returns_td_errors_in_replayed_row_order():
-    plan = dqn_plan(TINY, env="CartPole-v1")
+    plan = dqn_plan({**TINY, "prioritized_replay": True}, env="CartPole-v1")
     state = plan.init(jax.random.PRNGKey(0))
     step = jax.jit(plan.step)
     state, _ = step(*step(state)[:1])
@@ -465,7 +465,7 @@ def test_config_errors_name_the_key():
         DQNConfig().updated({"target_network_update_frq": 10})
     with pytest.raises(ValueError, match="config\\['final_prioritized_replay_beta'\\]"):
         DQNConfig().updated({"final_prioritized_replay_beta": 1.5})
-    assert DQNConfig().prioritized_replay is True  # RLlib's default
+    assert DQNConfig().prioritized_replay is False  # RLlib: True (see DQNConfig)
     with pytest.raises(ValueError, match="config\\['exploration_config.final_epsilon'\\]"):
         DQNConfig().updated({"exploration_config": {"final_epsilon": 1.5}})
     with pytest.raises(ValueError, match="config\\['n_step'\\]"):

