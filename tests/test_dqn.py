@@ -219,12 +219,18 @@ def test_replay_buffer_ring_order_and_samples_only_filled_slots():
     assert own.storage["p"]["x"].tolist() == [10, 11, 2, 3, 4, 5, 6, 7, 8, 9]  # ring order
     assert int(own.next_index["p"]) == 2 and int(own.size["p"]) == 10
     assert counter_value(own.num_added) == 12 and buffer.ready(own)
-    with pytest.raises(ValueError, match="num_devices"):
-        LocalReplayBuffer(
-            types.SimpleNamespace(mesh=types.SimpleNamespace(size=2)),
-            capacity=9,
-            replay_batch_size=1,
-        )
+    # on a mesh the ring is sharded: whole rollout rounds, a batch that splits (more in
+    # tests/test_data_parallel.py)
+    on_two = types.SimpleNamespace(
+        mesh=types.SimpleNamespace(size=2),
+        policies={"p": None},
+        round_env_steps=4,
+        rows_per_env_step=lambda pid: 1,
+    )
+    with pytest.raises(ValueError, match=r"replay_batch_size .*1.* multiple of 2"):
+        LocalReplayBuffer(on_two, capacity=8, replay_batch_size=1)
+    with pytest.raises(ValueError, match=r"buffer_size \(9\) must be a multiple .*'p' \(4\)"):
+        LocalReplayBuffer(on_two, capacity=9, replay_batch_size=2)
 
 
 def prio_buffer(capacity=10, batch=20000, **kw):

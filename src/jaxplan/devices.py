@@ -81,6 +81,19 @@ def local_slice(x: jax.Array, axis_name: str | None, axis: int = 0) -> jax.Array
     return jax.lax.dynamic_slice_in_dim(x, shard_index(axis_name) * size, size, axis=axis)
 
 
+def varying(x, axis_name: str | None):
+    """`x` (replicated params) typed as varying over `axis_name` inside `shard_map`, so that a
+    gradient with respect to it is this device's own gradient (identity without an axis).
+
+    Inside `shard_map` JAX transposes the implicit broadcast of a replicated value into a
+    `psum`: the gradient of a device's loss with respect to replicated params arrives already
+    summed over the devices, and a `pmean` of it does not divide. Differentiating with respect
+    to a varying copy gives each device its own gradient, which `mean` then averages."""
+    if axis_name is None:
+        return x
+    return jax.tree.map(lambda v: jax.lax.pcast(v, (axis_name,), to="varying"), x)
+
+
 def gather(x, axis_name: str | None, axis: int = 0):
     """Concatenates every device's `x` along `axis`, in device order; the result is the same
     on every device and typed as replicated for `shard_map`'s replication check."""
@@ -114,6 +127,12 @@ def _gather_by_psum(x: jax.Array, axis_name: str, axis: int) -> jax.Array:
     parts = jnp.zeros((n, *x.shape), x.dtype).at[shard_index(axis_name)].set(x)
     full = jax.lax.psum(parts, axis_name)
     return jnp.concatenate(list(full), axis=axis)
+
+
+def largest(x, axis_name: str | None):
+    """Largest value across devices (identity without a mesh axis): for statistics, as it
+    stops gradients (`pmax` has no derivative)."""
+    return x if axis_name is None else jax.lax.pmax(jax.lax.stop_gradient(x), axis_name)
 
 
 def mean(x, axis_name: str | None):

@@ -15,7 +15,7 @@ from jaxplan.dqn.config import (
 )
 from jaxplan.dqn.policy import DQNPolicy
 from jaxplan.flow import Plan
-from jaxplan.stages import ParallelRollouts, TrainOneStep
+from jaxplan.stages import MultiGPUTrainOneStep, ParallelRollouts, TrainOneStep
 from jaxplan.stages.concurrently import Concurrently
 from jaxplan.stages.replay import (
     LocalReplayBuffer,
@@ -49,7 +49,17 @@ def execution_plan(workers: WorkerSet, config: DQNConfig) -> Plan:
     )
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=local_replay_buffer))
-    replay_op = Replay(local_buffer=local_replay_buffer).for_each(TrainOneStep(workers))
+    if config.simple_optimizer or workers.mesh is None:
+        train_step = TrainOneStep(workers)
+    else:  # each device differentiates its shard of the replayed batch (RLlib's multi-GPU)
+        train_step = MultiGPUTrainOneStep(  # the whole batch as one minibatch, as TrainOneStep
+            workers,
+            num_sgd_iter=1,
+            num_gpus=config.data_parallel_devices,
+            shuffle_sequences=True,
+            _fake_gpus=config.fake_gpus,
+        )
+    replay_op = Replay(local_buffer=local_replay_buffer).for_each(train_step)
     if config.prioritized_replay:  # RLlib's update_prio: |td_error| + eps at batch_indexes
         replay_op = replay_op.for_each(UpdatePriorities(local_buffer=local_replay_buffer))
     replay_op = replay_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxplan import batch as sb
+from jaxplan import devices
 from jaxplan.dqn import loss as dqn_loss
 from jaxplan.dqn.config import DQNConfig, DQNHParams
 from jaxplan.envs import ActionSpace, Discrete
@@ -184,7 +185,8 @@ class DQNPolicy:
         axis_name: str | None = None,
     ):
         """Mean (importance-weighted) Huber TD error and RLlib's DQN learner statistics; with
-        `prioritized_replay` also the per-row `td_error` (`train_one_step.PER_ROW`)."""
+        `prioritized_replay` also the per-row `td_error` (`train_one_step.PER_ROW`).
+        `axis_name`: `batch` is this device's shard of the minibatch (data-parallel)."""
         q_t = self.q_values(params["q"], batch[sb.OBS])
         actions = batch[sb.ACTIONS].astype(jnp.int32)
         q_selected = jnp.take_along_axis(q_t, actions[..., None], axis=-1)[..., 0]
@@ -202,8 +204,9 @@ class DQNPolicy:
             "cur_lr": hparams.lr,
             "total_loss": loss,
             "mean_q": jnp.mean(q_selected),
-            "min_q": jnp.min(q_selected),
-            "max_q": jnp.max(q_selected),
+            # the whole minibatch's extremes on a mesh (the trainer averages the rest)
+            "min_q": -devices.largest(-jnp.min(q_selected), axis_name),
+            "max_q": devices.largest(jnp.max(q_selected), axis_name),
             "mean_td_error": jnp.mean(td_error),
         }
         if self.config.prioritized_replay:  # per row, for UpdatePriorities (not averaged)

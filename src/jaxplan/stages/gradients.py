@@ -43,7 +43,7 @@ class ComputeGradients(Stage):
             policy, ps = self.workers.policies[pid], state.policies[pid]
             on_axis = {} if batch.shard_axis is None else {"axis_name": batch.shard_axis}
             (_, stats), g = jax.value_and_grad(policy.loss, has_aux=True)(
-                ps.params, ps.hparams, ps.kl_coeff, pb, **on_axis
+                devices.varying(ps.params, batch.shard_axis), ps.hparams, ps.kl_coeff, pb, **on_axis
             )
             grads[pid], stats = devices.mean((g, stats), batch.shard_axis)
             info[pid] = {"learner_stats": stats}

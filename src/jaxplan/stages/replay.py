@@ -21,6 +21,16 @@ The sampler is an inverse-CDF over a cumulative sum of `p^alpha` (one `cumsum` o
 and one `searchsorted` per train batch), not a sum tree: O(capacity) per batch, but a single
 fused, static-shape pass on device that is exact in the same sense as a tree (float32 sums;
 fine for capacities up to ~1e5-1e6) and keeps no second structure in sync with the ring.
+
+On a mesh of `N` devices (uniform replay) the ring is sharded over the devices: each holds
+`capacity / N` slots and writes only the rows its own actor groups sampled, so no rollout row
+crosses devices. The ring's slots keep their one-device numbering (`batch_indexes`): with
+`capacity` a multiple of the rows of one rollout round, global slot `s` is written by the
+same add and row as on one device, and lives on the device whose groups sampled that row
+(`LocalReplayBuffer.locate`). `Replay` draws the same global slots as one device from the
+replicated key, every device reads the ones it holds, one all-gather assembles the train
+batch, the same on every device (the data-parallel learner differentiates its `1/N` of it):
+the batch one device would replay, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
+from jaxplan import devices
 from jaxplan.batch import LearnerInfo, MultiAgentBatch, TrainOutput, batch_rows
 from jaxplan.counters import Counter
 from jaxplan.flow import Flow, SharedState, Stage
@@ -69,8 +81,9 @@ class LocalReplayBuffer(SharedState):
     `prioritized_replay=False` samples uniformly (the alpha/beta/eps keys are then unused);
     beta goes linearly from `prioritized_replay_beta` to `final_prioritized_replay_beta` over
     the first `prioritized_replay_beta_annealing_timesteps` env steps sampled (constant
-    without a final value). One device only: on a mesh it raises a `ValueError` naming
-    `num_devices`."""
+    without a final value). On a mesh the ring is sharded over the devices (see the module
+    docstring): uniform replay only, `capacity` a multiple of one rollout round's rows and
+    `replay_batch_size` a multiple of the device count, each checked with a `ValueError`."""
 
     name = "local_replay_buffer"
 
@@ -88,11 +101,6 @@ class LocalReplayBuffer(SharedState):
         prioritized_replay_beta_annealing_timesteps: int = 0,
         prioritized_replay_eps: float = 1e-6,
     ):
-        if workers.mesh is not None:
-            raise ValueError(
-                f"the replay buffer runs on one device; this WorkerSet has a mesh of "
-                f"{workers.mesh.size} devices: use num_devices=0 (and num_gpus<=1)"
-            )
         for key, value, low in (
             ("capacity", capacity, 1),
             ("replay_batch_size", replay_batch_size, 1),
@@ -102,11 +110,34 @@ class LocalReplayBuffer(SharedState):
                 raise ValueError(
                     f"LocalReplayBuffer {key} must be an integer >= {low}, got {value!r}"
                 )
+        n = 1 if workers.mesh is None else workers.mesh.size
+        if n > 1 and prioritized_replay:
+            raise ValueError(
+                f"prioritized_replay runs on one device; this WorkerSet has a mesh of {n} "
+                f"devices: use prioritized_replay=False (uniform replay is sharded) or "
+                f"num_devices=0"
+            )
+        if replay_batch_size % n:
+            raise ValueError(
+                f"replay_batch_size (train_batch_size: {replay_batch_size}) does not split "
+                f"evenly across {n} devices; use a multiple of {n}"
+            )
+        for pid in workers.policies if n > 1 else ():
+            rows = workers.round_env_steps * workers.rows_per_env_step(pid)
+            if capacity % rows:
+                raise ValueError(
+                    f"buffer_size ({capacity}) must be a multiple of one rollout round's rows "
+                    f"of policy {pid!r} ({rows}) to be sharded over {n} devices; e.g. "
+                    f"{max(capacity // rows, 1) * rows}"
+                )
         self.workers = workers
         self.capacity = capacity
         self.replay_batch_size = replay_batch_size
         self.learning_starts = learning_starts
         self.prioritized_replay = bool(prioritized_replay)
+        self.axis = None if workers.mesh is None else devices.AXIS
+        self.num_shards = n
+        self.time_steps = 1  # of one rollout round's rows (`init` sets it)
         if prioritized_replay:
             if prioritized_replay_alpha < 0 or prioritized_replay_eps <= 0:
                 raise ValueError(
@@ -128,15 +159,34 @@ class LocalReplayBuffer(SharedState):
         from jaxplan.stages.rollouts import Rollouts
 
         rollouts = Rollouts(self.workers)
-        batch = jax.eval_shape(lambda s: rollouts.apply(s, None, None)[2], state)
+
+        meta = {}
+
+        def round_rows(s):  # one rollout round's rows (this device's on a mesh)
+            batch = rollouts.apply(s.replace(stages={}), None, None)[2]
+            meta["time_steps"] = batch.time_steps  # static: how device shards interleave
+            return batch.policy_batches
+
+        if self.axis is not None:  # every device's rows, concatenated: the global round
+            round_rows = jax.shard_map(
+                round_rows,
+                mesh=self.workers.mesh,
+                in_specs=(self.workers.state_specs(),),
+                out_specs=P(self.axis),
+            )
+        shapes = jax.eval_shape(round_rows, state.replace(stages={}))
+        self.time_steps = meta["time_steps"]
         storage = {}
-        for pid, rows in batch.policy_batches.items():
+        self.round_rows = {}
+        for pid, rows in shapes.items():
             n = batch_rows(rows)
             if n > self.capacity:
                 raise ValueError(
                     f"buffer_size ({self.capacity}) is smaller than one rollout batch of "
                     f"policy {pid!r} ({n} rows)"
                 )
+            assert self.num_shards == 1 or self.capacity % n == 0  # checked in __init__
+            self.round_rows[pid] = n
             storage[pid] = {
                 k: jnp.zeros((self.capacity, *v.shape[1:]), v.dtype) for k, v in rows.items()
             }
@@ -147,16 +197,43 @@ class LocalReplayBuffer(SharedState):
             max_priority = {pid: jnp.float32(1.0) for pid in storage}
         return state, ReplayState(storage, zero, zero, Counter.zero(), priorities, max_priority)
 
+    def partition_spec(self) -> ReplayState:
+        """The ring's slots sharded over the mesh's devices; the rest replicated."""
+        rep = P()
+        storage = rep if self.axis is None else P(self.axis)
+        return ReplayState(storage, rep, rep, rep, rep, rep)
+
+    def locate(self, pid: str, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The device that holds each global slot of policy `pid`'s ring and the slot in its
+        shard (`[B]` int32 each; device 0 and `slots` on one device). Global slot `s` is row
+        `r = s % n` of the `s // n`-th round in the ring (`n` rows per round); the round's rows
+        are `time_steps` blocks of every device's rows in device order (`devices.gather_rows`)."""
+        if self.axis is None:
+            return jnp.zeros_like(slots), slots
+        n = self.round_rows[pid]
+        local_rows, block = n // self.num_shards, n // self.time_steps
+        local_block = block // self.num_shards
+        ring_round, row = jnp.divmod(slots, n)
+        t, within = jnp.divmod(row, block)
+        device, offset = jnp.divmod(within, local_block)
+        return device, ring_round * local_rows + t * local_block + offset
+
     def metrics(self, state: PlanState, own: ReplayState) -> dict:
         return {"info": {"replay_buffer": {"num_added": own.num_added, "size": dict(own.size)}}}
 
     def add(self, own: ReplayState, batch: MultiAgentBatch) -> ReplayState:
-        """`own` with every row of `batch` written at the ring's next slots."""
+        """`own` with every row of `batch` written at the ring's next slots (on a mesh each
+        device writes its own rows to its shard)."""
         storage, next_index, size = dict(own.storage), dict(own.next_index), dict(own.size)
         priorities = dict(own.priorities)
         for pid, rows in batch.policy_batches.items():
-            n = batch_rows(rows)
-            slots = (next_index[pid] + jnp.arange(n)) % self.capacity
+            n = batch_rows(rows) * self.num_shards  # the round's rows, all devices
+            local_rows = batch_rows(rows)
+            if self.axis is None:
+                slots = (next_index[pid] + jnp.arange(n)) % self.capacity
+            else:  # this device's rows, at its shard's next slots (see `locate`)
+                first = next_index[pid] // n * local_rows
+                slots = (first + jnp.arange(local_rows)) % (self.capacity // self.num_shards)
             storage[pid] = {
                 k: buf.at[slots].set(rows[k].astype(buf.dtype)) for k, buf in storage[pid].items()
             }
@@ -190,8 +267,9 @@ class LocalReplayBuffer(SharedState):
         self, own: ReplayState, key: jax.Array, timestep: jax.Array | float = 0.0
     ) -> MultiAgentBatch:
         """`replay_batch_size` rows per policy from its filled slots (with replacement), with
-        their slots in `batch_indexes`: uniformly, or with prioritized replay by `P(i)` and
-        with the importance weights at beta(`timestep`, env steps sampled) in `weights`."""
+        their slots in `batch_indexes` (on a mesh the same batch on every device): uniformly,
+        or with prioritized replay by `P(i)` and with the importance weights at
+        beta(`timestep`, env steps sampled) in `weights`."""
         batches = {}
         keys = jax.random.split(key, len(own.storage))
         for (pid, storage), k in zip(own.storage.items(), keys, strict=True):
@@ -200,10 +278,17 @@ class LocalReplayBuffer(SharedState):
                 slots, weights = self._sample_prioritized(own, pid, k, timestep)
             else:
                 slots = jax.random.randint(k, (self.replay_batch_size,), 0, high)
-            batches[pid] = {f: buf[slots] for f, buf in storage.items()}
-            batches[pid][BATCH_INDEXES] = slots
+            device, local = self.locate(pid, slots)
+            rows = {f: buf[local] for f, buf in storage.items()}
+            if self.axis is not None:  # each device's reads, gathered; the holder's kept
+                every = devices.gather(jax.tree.map(lambda x: x[None], rows), self.axis)
+                rows = jax.tree.map(
+                    lambda x, d=device: x[d, jnp.arange(self.replay_batch_size)], every
+                )
+            rows[BATCH_INDEXES] = slots
             if self.prioritized_replay:
-                batches[pid][PRIO_WEIGHTS] = weights
+                rows[PRIO_WEIGHTS] = weights
+            batches[pid] = rows
         return MultiAgentBatch(batches, env_steps=self.replay_batch_size)
 
     def _sample_prioritized(self, own, pid, key, timestep):

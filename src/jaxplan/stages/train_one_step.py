@@ -110,8 +110,8 @@ def sgd_epochs(
 
     def minibatch_step(ps, mb):
         (loss, stats), grads = jax.value_and_grad(policy.loss, has_aux=True)(
-            ps.params, ps.hparams, ps.kl_coeff, mb, **on_axis
-        )
+            devices.varying(ps.params, axis_name), ps.hparams, ps.kl_coeff, mb, **on_axis
+        )  # this device's gradient (see `devices.varying`), averaged next
         loss, grads, stats = devices.mean((loss, grads, stats), axis_name)
         new = policy.apply_gradients(ps, grads)
         code = nonfinite_code(loss, stats, grads, new)
@@ -155,9 +155,10 @@ class TrainOneStep(Stage):
     loss statistics averaged over every minibatch of every epoch (plus the policy lag).
 
     `sgd_minibatch_size=0` trains on the whole batch as one minibatch (RLlib's simple path).
-    On a mesh the batch arrives split across the devices and is gathered first, its rows in
-    the one-device order (`MultiAgentBatch.time_steps`), so each minibatch holds the rows it
-    would hold on one device. Without `data_parallel` every device computes the whole update
+    On a mesh a rollout batch arrives split across the devices and is gathered first, its
+    rows in the one-device order (`MultiAgentBatch.time_steps`), so each minibatch holds the
+    rows it would hold on one device (a batch without `shard_axis`, e.g. a replayed one, is
+    already whole on every device). Without `data_parallel` every device computes the whole update
     (RLlib's `simple_optimizer`: rollouts spread out, SGD on one learner); with it
     (`MultiGPUTrainOneStep`) every minibatch is split `N` ways, each device computes the
     gradient of its slice, and gradients and statistics are averaged across devices (and
@@ -216,7 +217,7 @@ class TrainOneStep(Stage):
         key, k_sgd = jax.random.split(state.key)
         policies = dict(state.policies)
         learner_info = {}
-        axis = batch.shard_axis if self.data_parallel else None
+        axis = self.workers.axis_name if self.data_parallel else None
         for (pid, pb), k in zip(
             batch.policy_batches.items(),
             jax.random.split(k_sgd, len(batch.policy_batches)),
