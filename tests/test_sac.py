@@ -168,7 +168,8 @@ def test_sac_loss_and_alpha_step_match_numpy_reference():
     rng = np.random.default_rng(3)
     batch = fragment_batch(policy, ps, rng)
     key = jax.random.PRNGKey(7)
-    loss, stats = policy.loss(ps.params, ps.hparams, ps.kl_coeff, batch, key=key)
+    loss_fn = jax.jit(lambda p, b: policy.loss(p, ps.hparams, 0.0, b, key=key))
+    loss, stats = loss_fn(ps.params, batch)
     k_t, k_tp1 = jax.random.split(key)  # the loss's noise, as it draws it
     noise_t = np.asarray(jax.random.normal(k_t, (12, 1)), np.float64)
     noise_tp1 = np.asarray(jax.random.normal(k_tp1, (12, 1)), np.float64)
@@ -187,7 +188,7 @@ def test_sac_loss_and_alpha_step_match_numpy_reference():
     assert abs(targets[7] - float(batch[sb.REWARDS][7])) > 0.1
 
     # each loss term reaches only its part: the rewards move the critics' gradients only
-    grad = jax.jit(jax.grad(lambda p, b: policy.loss(p, ps.hparams, 0.0, b, key=key)[0]))
+    grad = jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0]))
     g = grad(ps.params, batch)
     g2 = grad(ps.params, {**batch, sb.REWARDS: batch[sb.REWARDS] + 5.0})
     same = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.allclose, a, b)))
@@ -197,7 +198,7 @@ def test_sac_loss_and_alpha_step_match_numpy_reference():
     np.testing.assert_allclose(g["log_alpha"], ref["alpha_grad"], rtol=1e-4, atol=1e-6)
 
     # the alpha step: Adam's first step (eps 1e-7) at entropy_learning_rate 3e-4
-    new = policy.apply_gradients(ps, g)
+    new = jax.jit(policy.apply_gradients)(ps, g)
     step = 3e-4 * ref["alpha_grad"] / (abs(ref["alpha_grad"]) + 1e-7)
     np.testing.assert_allclose(new.params["log_alpha"], np.log(0.5) - step, rtol=1e-6)
     assert same(new.params["target"], ps.params["target"])  # the optimizers leave the targets

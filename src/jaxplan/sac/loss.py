@@ -60,7 +60,8 @@ def critic_loss(
     """`(sum over the Q networks of mean(w * huber(Q_i(s, a) - stop_grad(target))), td_error)`
     (all `[B]`): each network's loss only reaches its own params, so the sum's gradient is
     each of RLlib's per-network losses' gradient. `td_error` is RLlib's per-row
-    `|td|` (twin: the mean of both networks' `|td|`), for prioritized replay."""
+    `|td|` (twin: the mean of both networks' `|td|`), for prioritized replay. Huber, as
+    RLlib 1.x's torch policy (its first TF version used `0.5 * MSE`)."""
     targets = jax.lax.stop_gradient(targets)
     td = jnp.abs(q_selected - targets)
     loss = jnp.mean(importance_weights * huber_loss(td))
