@@ -7,6 +7,7 @@ the algorithm's steady work per env step, and `final` shows whether the preset h
 
     python benchmarks/algorithms.py                      # CartPole-v1, seeds 0-2, 300k steps
     python benchmarks/algorithms.py --algorithms ppo a2c --budget 100000
+    python benchmarks/algorithms.py --env Pendulum-v1 --target -200 --algorithms sac --budget 50000
 """
 
 from __future__ import annotations

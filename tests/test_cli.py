@@ -84,7 +84,7 @@ def test_cli_trains_cartpole_to_475_end_to_end(tmp_path):
         (["train", "ppo", "--num-seeds", "0"], "--num-seeds must be >= 1"),
         (["train", "ppo", "--stop-timesteps", "-5"], "--stop-timesteps must be >= 1"),
         (["train", "ppo", "--config", "sgd_minibatch_size=100000"], "<= train_batch_size"),
-        (["train", "sac"], "invalid choice"),
+        (["train", "ddpg"], "invalid choice"),
         (["train", "ppo", "--output", __file__ + "/sub"], "cannot write results"),
         (["train", "ppo", "--bogus"], "unrecognized arguments"),
     ],

@@ -16,6 +16,7 @@ MODULES = {
     "a3c": "jaxplan.a3c.plan",
     "impala": "jaxplan.impala.plan",
     "dqn": "jaxplan.dqn.plan",
+    "sac": "jaxplan.sac.plan",
 }
 """CLI name -> the module whose `ALGORITHM` describes it."""
 

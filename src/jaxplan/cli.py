@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--env",
         default=None,
-        help="gymnax env id (default CartPole-v1), MultiAgentCartPole, jaxmarl:<id>, a name "
-        "given to jaxplan.register_env, or an import path package.module:creator",
+        help="gymnax env id (default CartPole-v1; sac: Pendulum-v1), MultiAgentCartPole, "
+        "jaxmarl:<id>, a name given to jaxplan.register_env, or an import path "
+        "package.module:creator",
     )
     train.add_argument(
         "--stop-timesteps",
@@ -475,6 +476,7 @@ def _train(args) -> int:
     settings = distributed.resolve_settings(
         args.coordinator_address, args.num_processes, args.process_id
     )
+    default_env = algorithm.config_class.env  # CartPole-v1; SAC: Pendulum-v1
     saved = _saved_params(args.resume) if args.resume else None
     if saved is not None:  # the run's own config; flags that change it are refused on resume
         if saved["algorithm"] != algorithm.name:
@@ -487,9 +489,9 @@ def _train(args) -> int:
         )
         args.output = args.resume
     elif args.no_preset:
-        config = algorithm.config_class().updated({**overrides, "env": args.env or "CartPole-v1"})
+        config = algorithm.config_class().updated({**overrides, "env": args.env or default_env})
     else:
-        config = algorithm.preset_config(args.env or "CartPole-v1", overrides)
+        config = algorithm.preset_config(args.env or default_env, overrides)
     if args.stop_timesteps is None and args.stop_iters is None and args.stop_reward is None:
         args.stop_timesteps = 1_000_000
 

@@ -57,7 +57,9 @@ class Policy(Protocol):
         Data-parallel SGD passes `axis_name` when `batch` is this device's shard of the
         minibatch (the trainer averages loss gradients and statistics across the axis; a
         statistic that is not a mean of rows should reduce over the axis itself). A policy
-        used on one device only may leave the argument out."""
+        used on one device only may leave the argument out. A policy whose class sets
+        `loss_takes_key = True` also gets `key=` (a PRNG key per minibatch) for a loss that
+        samples (SAC)."""
 
     def apply_gradients(self, state: PolicyState, grads: Any) -> PolicyState:
         """One optimizer step."""

@@ -95,6 +95,9 @@ def sgd_epochs(
     `first_nonfinite_stat` (`NONFINITE_CODE`: int32 code of the first such minibatch's
     culprit, 0 if none; `NONFINITE_STATS[code - 1]` names it).
 
+    A policy with `loss_takes_key = True` (a loss that samples, e.g. SAC's actions) gets
+    `key=` a fresh key per minibatch (folded from the epoch's key; the same on every device).
+
     A loss whose stats hold a `PER_ROW` dict gets it back in `stats[PER_ROW]`: each value of
     the last epoch per row of `batch`, in `batch`'s row order (whatever the shuffling); NaN
     for rows that epoch skipped (the remainder of its permutation). Not with `axis_name`.
@@ -107,10 +110,15 @@ def sgd_epochs(
     """
     num_rows = batch_rows(batch)
     on_axis = {} if axis_name is None else {"axis_name": axis_name}
+    takes_key = getattr(policy, "loss_takes_key", False)
 
     def minibatch_step(ps, mb):
+        kw = on_axis
+        if takes_key:  # a loss that samples (SAC): its own key per minibatch
+            mb, loss_key = mb
+            kw = {**on_axis, "key": loss_key}
         (loss, stats), grads = jax.value_and_grad(policy.loss, has_aux=True)(
-            devices.varying(ps.params, axis_name), ps.hparams, ps.kl_coeff, mb, **on_axis
+            devices.varying(ps.params, axis_name), ps.hparams, ps.kl_coeff, mb, **kw
         )  # this device's gradient (see `devices.varying`), averaged next
         loss, grads, stats = devices.mean((loss, grads, stats), axis_name)
         new = policy.apply_gradients(ps, grads)
@@ -124,7 +132,11 @@ def sgd_epochs(
         # slices it: cheaper than a gather per minibatch, notably under vmap over seeds
         idx = minibatch_indices(k, num_rows, minibatch_size, shuffle=shuffle)
         idx = devices.local_slice(idx, axis_name, axis=1)  # this device's part of each one
-        return jax.lax.scan(minibatch_step, ps, jax.tree.map(lambda x: x[idx], batch))
+        minibatches = jax.tree.map(lambda x: x[idx], batch)
+        if takes_key:
+            loss_keys = jax.random.split(jax.random.fold_in(k, 1), idx.shape[0])
+            minibatches = (minibatches, loss_keys)
+        return jax.lax.scan(minibatch_step, ps, minibatches)
 
     epoch_keys = jax.random.split(key, num_sgd_iter)
     pstate, (stats, codes) = jax.lax.scan(epoch, pstate, epoch_keys)

@@ -1,5 +1,5 @@
-"""UpdateTargetNetwork: RLlib's periodic copy of each trainable policy's network into its
-target network, by env steps sampled."""
+"""UpdateTargetNetwork: RLlib's periodic update of each trainable policy's target network
+(DQN: a copy, SAC: Polyak averaging), by env steps sampled."""
 
 from __future__ import annotations
 
@@ -26,14 +26,17 @@ class UpdateTargetNetwork(Stage):
     """Passes its item through; after it, when at least `target_update_freq` env steps were
     sampled since the last update, every trainable policy's `update_target(policy_state)`
     runs (RLlib's `cur_ts - last_update >= target_update_freq`; the first update happens
-    `target_update_freq` steps after the start). Reports `info.num_target_updates` and
-    `info.last_target_update_ts`, as RLlib's counters."""
+    `target_update_freq` steps after the start; with 0, after every item, as RLlib's SAC
+    default). The update is the policy's: DQN copies, SAC averages with `tau`. Reports
+    `info.num_target_updates` and `info.last_target_update_ts`, as RLlib's counters."""
 
     def __init__(self, workers: WorkerSet, target_update_freq: int):
         if isinstance(target_update_freq, bool) or not isinstance(target_update_freq, int):
             raise ValueError(f"target_update_freq must be an integer, got {target_update_freq!r}")
         self.workers = workers
-        self.target_update_freq = max(target_update_freq, 1)
+        if target_update_freq < 0:
+            raise ValueError(f"target_update_freq must be >= 0, got {target_update_freq}")
+        self.target_update_freq = target_update_freq
 
     def init(self, state: PlanState) -> tuple[PlanState, TargetUpdateState]:
         return state, TargetUpdateState(
