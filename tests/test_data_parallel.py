@@ -75,6 +75,26 @@ s2 = r2["info"]["learner"]["default_policy"]["learner_stats"]
 out["dqn_stats_diff"] = {k: abs(s1[k] - s2[k]) for k in s1}
 out["steps"] = [r1["timesteps_total"], r2["timesteps_total"]]
 
+# SAC (DQN's plan with a loss that samples): the same noise per row on any device count
+sac = {"num_workers": 2, "num_envs_per_worker": 2, "rollout_fragment_length": 2,
+       "buffer_size": 80, "train_batch_size": 16, "learning_starts": 16,
+       "timesteps_per_iteration": 32,
+       "Q_model": {"fcnet_hiddens": [16]}, "policy_model": {"fcnet_hiddens": [16]}}
+def run_sac(n):
+    config = {**sac, **({"num_devices": n, "_fake_gpus": True} if n else {})}
+    plan = get_algorithm("sac").plan(config, env="Pendulum-v1")
+    state = plan.init(jax.random.PRNGKey(0))
+    step = jax.jit(plan.step)
+    for _ in range(3):
+        state, result = step(state)
+    return state, plan.report(result)
+(one, r1), (two, r2) = run_sac(0), run_sac(2)
+out["sac_policy_diff"] = max_diff(one.policies, two.policies)
+out["sac_trained"] = r1["info"]["num_steps_trained"]
+s1 = r1["info"]["learner"]["default_policy"]["learner_stats"]
+s2 = r2["info"]["learner"]["default_policy"]["learner_stats"]
+out["sac_stats_diff"] = {k: abs(s1[k] - s2[k]) for k in s1}
+
 errors = {}
 for key, overrides in {
     "prioritized_replay": {"prioritized_replay": True},
@@ -125,6 +145,16 @@ def test_dqn_on_two_devices_matches_one_device(two_devices):
     assert out["dqn_policy_diff"] < 1e-6, out["dqn_policy_diff"]
     for key, diff in out["dqn_stats_diff"].items():  # min_q / max_q over the whole batch
         assert diff < 1e-5, (key, diff)
+
+
+def test_sac_on_two_devices_matches_one_device(two_devices):
+    """SAC's loss samples actions: on a mesh each device keeps its rows' share of the whole
+    minibatch's noise, so 2 devices give the 1-device params (3 iterations)."""
+    out = two_devices
+    assert out["sac_trained"] > 0
+    assert out["sac_policy_diff"] < 1e-5, out["sac_policy_diff"]
+    for key, diff in out["sac_stats_diff"].items():
+        assert diff < 1e-4, (key, diff)
 
 
 def test_dqn_mesh_errors_name_the_key(two_devices):

@@ -8,55 +8,22 @@ from typing import Any
 
 from jaxplan import trainer
 from jaxplan.algorithms import Algorithm
+from jaxplan.dqn import plan as dqn_plan
 from jaxplan.flow import Plan
 from jaxplan.sac.config import PRESETS, SACConfig, calculate_rr_weights, cycles_per_iteration
 from jaxplan.sac.policy import SACPolicy
-from jaxplan.stages import ParallelRollouts, TrainOneStep
-from jaxplan.stages.concurrently import Concurrently
-from jaxplan.stages.replay import (
-    LocalReplayBuffer,
-    Replay,
-    StoreToReplayBuffer,
-    UpdatePriorities,
-)
-from jaxplan.stages.update_target_network import UpdateTargetNetwork
 from jaxplan.workers import WorkerSet
 
 
 def execution_plan(workers: WorkerSet, config: SACConfig) -> Plan:
-    """SAC (DQN's plan): store every rollout round in the replay buffer; in turn, replay a
-    train batch, take one actor, critic and alpha step on it, (prioritized replay) set the
-    replayed rows' priorities from their TD errors and move the target Q networks `tau` of
-    the way to the online ones (after every train step with `target_network_update_freq`
-    0). One iteration is `cycles_per_iteration` round-robin cycles (>=
-    `timesteps_per_iteration` env steps)."""
-    local_replay_buffer = LocalReplayBuffer(
-        workers,
-        capacity=config.buffer_size,
-        replay_batch_size=config.train_batch_size,
-        learning_starts=config.learning_starts,
-        prioritized_replay=config.prioritized_replay,
-        prioritized_replay_alpha=config.prioritized_replay_alpha,
-        prioritized_replay_beta=config.prioritized_replay_beta,
-        final_prioritized_replay_beta=config.final_prioritized_replay_beta,
-        prioritized_replay_beta_annealing_timesteps=(
-            config.prioritized_replay_beta_annealing_timesteps
-        ),
-        prioritized_replay_eps=config.prioritized_replay_eps,
-    )
-    rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=local_replay_buffer))
-    replay_op = Replay(local_buffer=local_replay_buffer).for_each(TrainOneStep(workers))
-    if config.prioritized_replay:  # RLlib's update_prio: |td_error| + eps at batch_indexes
-        replay_op = replay_op.for_each(UpdatePriorities(local_buffer=local_replay_buffer))
-    replay_op = replay_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
-    train_op = Concurrently(
-        [store_op, replay_op],
-        mode="round_robin",
-        output_indexes=[1],
-        round_robin_weights=calculate_rr_weights(config),
-    ).repeat(cycles_per_iteration(config))  # RLlib: until timesteps_per_iteration are sampled
-    return trainer.reporting(train_op, workers, config)
+    """SAC is DQN's plan (`jaxplan.dqn.plan.execution_plan`, as RLlib's SAC trainer reuses
+    DQN's): store every rollout round in the replay buffer; in turn, replay a train batch,
+    take one actor, critic and alpha step on it, (prioritized replay) set the replayed rows'
+    priorities from their TD errors and move the target Q networks `tau` of the way to the
+    online ones (after every train step with `target_network_update_freq` 0). One iteration
+    is `cycles_per_iteration` round-robin cycles (>= `timesteps_per_iteration` env steps);
+    on a mesh the buffer is sharded and the learner data-parallel, as DQN's."""
+    return dqn_plan.execution_plan(workers, config)
 
 
 def build_workers(config: SACConfig) -> WorkerSet:

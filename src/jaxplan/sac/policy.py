@@ -14,6 +14,7 @@ import numpy as np
 import optax
 
 from jaxplan import batch as sb
+from jaxplan import devices
 from jaxplan.dqn import loss as dqn_loss
 from jaxplan.dqn.policy import N_STEPS, PRIO_WEIGHTS
 from jaxplan.envs import ActionSpace, Box
@@ -211,10 +212,10 @@ class SACPolicy:
         log_alpha = params["log_alpha"]
         alpha = jnp.exp(log_alpha)
         a_t, logp_t = sac_loss.squashed_gaussian_sample(
-            self.dist_inputs(params, obs), jax.random.normal(k_t, shape)
+            self.dist_inputs(params, obs), _rows_noise(k_t, shape, axis_name)
         )
         a_tp1, logp_tp1 = sac_loss.squashed_gaussian_sample(
-            self.dist_inputs(params, next_obs), jax.random.normal(k_tp1, shape)
+            self.dist_inputs(params, next_obs), _rows_noise(k_tp1, shape, axis_name)
         )
         nets = {p: params[p] for p in params["target"]}
         frozen = jax.lax.stop_gradient(nets)
@@ -246,8 +247,9 @@ class SACPolicy:
             "target_entropy": jnp.float32(self.target_entropy),
             "policy_t": jnp.mean(a_t),
             "mean_q": jnp.mean(q_t),
-            "max_q": jnp.max(q_t),
-            "min_q": jnp.min(q_t),
+            # the whole minibatch's extremes on a mesh (the trainer averages the rest)
+            "max_q": devices.largest(jnp.max(q_t), axis_name),
+            "min_q": -devices.largest(-jnp.min(q_t), axis_name),
             "total_loss": total,
         }
         if self.config.prioritized_replay:  # per row, for UpdatePriorities (not averaged)
@@ -263,3 +265,12 @@ class SACPolicy:
             )
             params[part] = optax.apply_updates(params[part], updates)
         return state.replace(params=params, opt_state=opt_state)
+
+
+def _rows_noise(key: jax.Array, shape: tuple[int, ...], axis_name: str | None) -> jax.Array:
+    """Standard normal noise `[rows, action_dim]` for this device's rows: on a mesh the whole
+    minibatch's noise is drawn (the same key on every device) and sliced, so each row gets
+    the noise it gets on one device."""
+    n = devices.axis_size(axis_name)
+    full = jax.random.normal(key, (shape[0] * n, *shape[1:]))
+    return devices.local_slice(full, axis_name)
