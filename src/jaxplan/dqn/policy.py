@@ -1,5 +1,5 @@
 """DQNPolicy: RLlib's DQN Q network (fcnet or vision torso, `hiddens` head, dueling streams),
-epsilon-greedy acting, n-step postprocessing and the double-Q Huber TD loss."""
+epsilon-greedy acting, n-step postprocessing and the double-Q TD loss (Huber or MSE)."""
 
 from __future__ import annotations
 
@@ -183,8 +183,9 @@ class DQNPolicy:
         batch: sb.SampleBatch,
         axis_name: str | None = None,
     ):
-        """Mean (importance-weighted) Huber TD error and RLlib's DQN learner statistics; with
-        `prioritized_replay` also the per-row `td_error` (`train_one_step.PER_ROW`)."""
+        """Mean (importance-weighted) Huber or squared (`td_error_loss_fn`) TD error and
+        RLlib's DQN learner statistics; with `prioritized_replay` also the per-row `td_error`
+        (`train_one_step.PER_ROW`)."""
         q_t = self.q_values(params["q"], batch[sb.OBS])
         actions = batch[sb.ACTIONS].astype(jnp.int32)
         q_selected = jnp.take_along_axis(q_t, actions[..., None], axis=-1)[..., 0]
@@ -197,7 +198,7 @@ class DQNPolicy:
             batch[sb.REWARDS], batch[sb.TERMINATEDS], batch[N_STEPS], best, hparams.gamma
         )
         weights = batch.get(PRIO_WEIGHTS, jnp.ones_like(q_selected))
-        loss, td_error = dqn_loss.q_loss(q_selected, targets, weights)
+        loss, td_error = dqn_loss.q_loss(q_selected, targets, weights, self.config.td_error_loss_fn)
         stats = {
             "cur_lr": hparams.lr,
             "total_loss": loss,
