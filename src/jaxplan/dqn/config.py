@@ -59,12 +59,13 @@ class DQNConfig(TrainerConfig):
     `final_prioritized_replay_beta` over
     `prioritized_replay_beta_annealing_timesteps` env steps sampled (`LocalReplayBuffer`).
     It stays off by default: with the CartPole-v1 preset and RLlib's PER settings the
-    100-iteration learning test peaks at ~130 (uniform: ~270; PER with beta 0: ~250, with lr
-    5e-4: ~230, seed 0): the importance weights (<= 1) shrink the effective step size.
+    100-iteration learning test peaks at ~225 (uniform: ~390, seed 0; with the older Huber
+    preset ~130 against ~270, and PER with beta 0 ~250): the importance weights (<= 1) shrink
+    the effective step size.
     `td_error_loss_fn` (RLlib 2.x's key): `"huber"` (RLlib's default, delta 1) or `"mse"`
     (`0.5 td_error^2`, rejax's, PureJaxRL's and CleanRL's). Huber bounds each row's gradient
-    to 1, so with Q values in the tens (CartPole: up to ~100) the regression crawls; the
-    CartPole preset uses `"mse"` (benchmarks/README.md, "DQN against rejax").
+    to 1; on CartPole its Q values diverge (rejax's DQN does the same with a Huber loss), so
+    the CartPole preset uses `"mse"` (benchmarks/README.md, "DQN against rejax").
     Distributional (`num_atoms > 1`) and noisy nets are not supported.
     """
 
