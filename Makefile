@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench figures clean strip-notebooks
+.PHONY: train test lint bench figures clean strip-notebooks rejax-compare
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ strip-notebooks: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/solve.py
+
+## rejax-compare: jaxplan vs rejax 0.1.3 (PPO, DQN; SAC once jaxplan has it), same work, one
+## process. rejax is not a project dependency: REJAX_PYTHON is a separate venv with jaxplan and
+## rejax (python3 -m venv /work/rejax-venv && /work/rejax-venv/bin/pip install -e . rejax==0.1.3)
+REJAX_PYTHON ?= /work/rejax-venv/bin/python
+rejax-compare:
+	$(REJAX_PYTHON) benchmarks/rejax_compare.py
 
 ## figures: benchmarks/figures/curves.png, the README's curves (2 runs x 3 seeds, ~1 min)
 figures: $(STAMP)

@@ -92,7 +92,7 @@ def test_nstep_transitions_match_reference_with_terminated_truncated_and_fragmen
     assert list(k[-3:, 2]) == [3, 2, 1]
 
 
-def test_td_targets_double_q_and_huber_match_numpy():
+def test_td_targets_double_q_huber_and_mse_match_numpy():
     rng = np.random.default_rng(1)
     q_target = rng.normal(size=(6, 4))
     q_online = rng.normal(size=(6, 4))
@@ -122,6 +122,13 @@ def test_td_targets_double_q_and_huber_match_numpy():
     np.testing.assert_allclose(td, ref_td, rtol=1e-4, atol=1e-5)
     huber = np.where(np.abs(ref_td) < 1, 0.5 * ref_td**2, np.abs(ref_td) - 0.5)
     np.testing.assert_allclose(loss, np.mean(w * huber), rtol=1e-4)
+    # td_error_loss_fn="mse" (RLlib's key; rejax's l2_loss): 0.5 td^2, not Huber's
+    assert np.any(np.abs(ref_td) > 1)  # rows where the two losses differ
+    mse, td_mse = dqn_loss.q_loss(jnp.asarray(q_sel), targets, jnp.asarray(w), "mse")
+    np.testing.assert_allclose(td_mse, ref_td, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(mse, np.mean(w * 0.5 * ref_td**2), rtol=1e-4)
+    grad = jax.grad(lambda q: dqn_loss.q_loss(q, targets, jnp.asarray(w), "mse")[0])
+    np.testing.assert_allclose(grad(jnp.asarray(q_sel)), w * ref_td / 6, rtol=1e-4, atol=1e-6)
 
 
 def test_epsilon_greedy_schedule_and_greedy_evaluation():
@@ -452,18 +459,20 @@ def test_cli_trains_dqn_and_resumes(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dqn_learns_cartpole():
-    """Budget: 100 iterations (100.8k env steps, ~10 s here) of the CartPole-v1 preset, seed 0.
-    Measured: the 100-episode mean peaks at ~270 (random play: ~22); 475 is not reached yet
-    with this preset (DQN's CartPole curve rises and falls), so the bar is clearly above
-    random, not solved."""
+    """Budget: 100 iterations (100.8k env steps, ~10-20 s here) of the CartPole-v1 preset,
+    seed 0. Measured: the 100-episode mean rises steadily to ~390 at 100k steps (random play:
+    ~22; 475 comes at ~120k, benchmarks/README.md); with RLlib's Huber loss instead of the
+    preset's MSE the Q values diverge and the mean stays below ~25 (see the README's DQN
+    section), so a bar of 350 tells the two apart."""
     plan = dqn_plan(env="CartPole-v1")
+    assert plan.workers.policies["default_policy"].config.td_error_loss_fn == "mse"
     state = plan.init(jax.random.PRNGKey(0))
     step = jax.jit(plan.step)
     best = -np.inf
     for _ in range(100):
         state, res = step(state)
         best = max(best, float(res["episode_reward_mean"]))
-    assert best >= 200, best
+    assert best >= 350, best
 
 
 def test_config_errors_name_the_key():
@@ -476,4 +485,7 @@ def test_config_errors_name_the_key():
         DQNConfig().updated({"exploration_config": {"final_epsilon": 1.5}})
     with pytest.raises(ValueError, match="config\\['n_step'\\]"):
         DQNConfig().updated({"n_step": 0})
+    with pytest.raises(ValueError, match="config\\['td_error_loss_fn'\\]"):
+        DQNConfig().updated({"td_error_loss_fn": "l1"})
+    assert DQNConfig().td_error_loss_fn == "huber"  # RLlib's default
     assert DQNConfig().evaluation_config.explore is False  # RLlib's DQN evaluates greedily

@@ -27,6 +27,7 @@ PRESETS: dict[str, dict[str, Any]] = load_presets(Path(__file__).with_name("pres
 """Env id -> config overrides (RLlib-style dict) that `preset_config` applies."""
 
 EXPLORATION_TYPES = ("EpsilonGreedy",)
+TD_ERROR_LOSS_FNS = ("huber", "mse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +59,13 @@ class DQNConfig(TrainerConfig):
     `final_prioritized_replay_beta` over
     `prioritized_replay_beta_annealing_timesteps` env steps sampled (`LocalReplayBuffer`).
     It stays off by default: with the CartPole-v1 preset and RLlib's PER settings the
-    100-iteration learning test peaks at ~130 (uniform: ~270; PER with beta 0: ~250, with lr
-    5e-4: ~230, seed 0): the importance weights (<= 1) shrink the effective step size.
+    100-iteration learning test peaks at ~225 (uniform: ~390, seed 0; with the older Huber
+    preset ~130 against ~270, and PER with beta 0 ~250): the importance weights (<= 1) shrink
+    the effective step size.
+    `td_error_loss_fn` (RLlib 2.x's key): `"huber"` (RLlib's default, delta 1) or `"mse"`
+    (`0.5 td_error^2`, rejax's, PureJaxRL's and CleanRL's). Huber bounds each row's gradient
+    to 1; on CartPole its Q values diverge (rejax's DQN does the same with a Huber loss), so
+    the CartPole preset uses `"mse"` (benchmarks/README.md, "DQN against rejax").
     Distributional (`num_atoms > 1`) and noisy nets are not supported.
     """
 
@@ -89,6 +95,7 @@ class DQNConfig(TrainerConfig):
     prioritized_replay_eps: float = 1e-6
     training_intensity: float | None = None
     learning_starts: int = 1000
+    td_error_loss_fn: str = per_policy("huber")
 
     def validate(self) -> DQNConfig:
         """The common checks (`TrainerConfig.validate`), then DQN's keys."""
@@ -119,6 +126,11 @@ class DQNConfig(TrainerConfig):
             "must be None (one train batch per rollout round) or > 0",
         )
         check(self.adam_epsilon > 0, "adam_epsilon", "must be > 0")
+        check(
+            self.td_error_loss_fn in TD_ERROR_LOSS_FNS,
+            "td_error_loss_fn",
+            f"must be one of {list(TD_ERROR_LOSS_FNS)}",
+        )
         exploration = self.exploration_config
         check(
             exploration.type in EXPLORATION_TYPES,

@@ -73,12 +73,23 @@ def huber_loss(x: jax.Array, delta: float = 1.0) -> jax.Array:
     return jnp.where(absx < delta, 0.5 * jnp.square(x), delta * (absx - 0.5 * delta))
 
 
+def mse_loss(x: jax.Array) -> jax.Array:
+    """RLlib's `td_error_loss_fn="mse"`: `0.5 x^2`."""
+    return 0.5 * jnp.square(x)
+
+
+TD_ERROR_LOSSES = {"huber": huber_loss, "mse": mse_loss}
+"""`td_error_loss_fn` -> elementwise loss of the TD error."""
+
+
 def q_loss(
     q_t_selected: jax.Array,
     targets: jax.Array,
     importance_weights: jax.Array,
+    td_error_loss_fn: str = "huber",
 ) -> tuple[jax.Array, jax.Array]:
-    """`(mean(w * huber(td_error)), td_error)` with `td_error = Q(s, a) - stop_grad(target)`
-    (all `[B]`)."""
+    """`(mean(w * loss(td_error)), td_error)` with `td_error = Q(s, a) - stop_grad(target)`
+    (all `[B]`) and `loss` Huber (delta 1) or `0.5 x^2` (`td_error_loss_fn`)."""
     td_error = q_t_selected - jax.lax.stop_gradient(targets)
-    return jnp.mean(importance_weights * huber_loss(td_error)), td_error
+    loss = TD_ERROR_LOSSES[td_error_loss_fn](td_error)
+    return jnp.mean(importance_weights * loss), td_error

@@ -1,5 +1,5 @@
 """DQNPolicy: RLlib's DQN Q network (fcnet or vision torso, `hiddens` head, dueling streams),
-epsilon-greedy acting, n-step postprocessing and the double-Q Huber TD loss."""
+epsilon-greedy acting, n-step postprocessing and the double-Q TD loss (Huber or MSE)."""
 
 from __future__ import annotations
 
@@ -184,9 +184,10 @@ class DQNPolicy:
         batch: sb.SampleBatch,
         axis_name: str | None = None,
     ):
-        """Mean (importance-weighted) Huber TD error and RLlib's DQN learner statistics; with
-        `prioritized_replay` also the per-row `td_error` (`train_one_step.PER_ROW`).
-        `axis_name`: `batch` is this device's shard of the minibatch (data-parallel)."""
+        """Mean (importance-weighted) Huber or squared (`td_error_loss_fn`) TD error and
+        RLlib's DQN learner statistics; with `prioritized_replay` also the per-row `td_error`
+        (`train_one_step.PER_ROW`). `axis_name`: `batch` is this device's shard of the
+        minibatch (data-parallel)."""
         q_t = self.q_values(params["q"], batch[sb.OBS])
         actions = batch[sb.ACTIONS].astype(jnp.int32)
         q_selected = jnp.take_along_axis(q_t, actions[..., None], axis=-1)[..., 0]
@@ -199,7 +200,7 @@ class DQNPolicy:
             batch[sb.REWARDS], batch[sb.TERMINATEDS], batch[N_STEPS], best, hparams.gamma
         )
         weights = batch.get(PRIO_WEIGHTS, jnp.ones_like(q_selected))
-        loss, td_error = dqn_loss.q_loss(q_selected, targets, weights)
+        loss, td_error = dqn_loss.q_loss(q_selected, targets, weights, self.config.td_error_loss_fn)
         stats = {
             "cur_lr": hparams.lr,
             "total_loss": loss,
