@@ -86,7 +86,8 @@ def dqn_plan(
     return ALGORITHM.plan(config, env=env)
 
 
-def _describe(config: DQNConfig) -> str:
+def describe(config: DQNConfig) -> str:
+    """The CLI header's line: the round-robin cycles of one iteration (DQN and SAC)."""
     rollouts, trains = calculate_rr_weights(config)
     cycles = cycles_per_iteration(config)
     return (
@@ -101,6 +102,6 @@ ALGORITHM = Algorithm(
     presets=PRESETS,
     build_workers=build_workers,
     execution_plan=execution_plan,
-    describe=_describe,
+    describe=describe,
 )
 """DQN for `jaxplan train dqn` (`jaxplan.algorithms`)."""

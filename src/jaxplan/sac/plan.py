@@ -10,7 +10,7 @@ from jaxplan import trainer
 from jaxplan.algorithms import Algorithm
 from jaxplan.dqn import plan as dqn_plan
 from jaxplan.flow import Plan
-from jaxplan.sac.config import PRESETS, SACConfig, calculate_rr_weights, cycles_per_iteration
+from jaxplan.sac.config import PRESETS, SACConfig
 from jaxplan.sac.policy import SACPolicy
 from jaxplan.workers import WorkerSet
 
@@ -40,21 +40,12 @@ def sac_plan(
     return ALGORITHM.plan(config, env=env)
 
 
-def _describe(config: SACConfig) -> str:
-    rollouts, trains = calculate_rr_weights(config)
-    cycles = cycles_per_iteration(config)
-    return (
-        f"{cycles} cycles of {rollouts} rollout round(s) + {trains} replayed train step(s) "
-        f"of {config.train_batch_size}"
-    )
-
-
 ALGORITHM = Algorithm(
     name="SAC",
     config_class=SACConfig,
     presets=PRESETS,
     build_workers=build_workers,
     execution_plan=execution_plan,
-    describe=_describe,
+    describe=dqn_plan.describe,  # the same round-robin cycles
 )
 """SAC for `jaxplan train sac` (`jaxplan.algorithms`)."""
