@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 from flax import struct
@@ -57,17 +57,22 @@ class IMPALAConfig(TrainerConfig):
     entropy_coeff: float = traced(0.01)
     entropy_coeff_schedule: Schedule | None = per_policy(None)
     num_sgd_iter: int = 1
+    minibatch_buffer_size: int = 1
     replay_proportion: float = 0.0
     replay_buffer_num_slots: int = 0
     learner_queue_size: int = 16
     max_sample_requests_in_flight_per_worker: int = 2
     broadcast_interval: int = 1
 
+    requires_vtrace: ClassVar[bool] = True
+    """IMPALA refuses `vtrace=False`; APPO (a subclass) allows GAE advantages instead."""
+
     def validate(self) -> IMPALAConfig:
         """The common checks (`TrainerConfig.validate`), then IMPALA's keys."""
         super().validate()
         check = self.check
-        check(self.vtrace, "vtrace", "IMPALA needs V-trace (without it, use a2c or ppo)")
+        if self.requires_vtrace:
+            check(self.vtrace, "vtrace", "IMPALA needs V-trace (without it, use a2c or ppo)")
         for key in (
             "vtrace_clip_rho_threshold",
             "vtrace_clip_pg_rho_threshold",
@@ -78,6 +83,11 @@ class IMPALAConfig(TrainerConfig):
         check(self.vf_loss_coeff >= 0, "vf_loss_coeff", "must be >= 0")
         check(self.entropy_coeff >= 0, "entropy_coeff", "must be >= 0")
         check(self.num_sgd_iter >= 1, "num_sgd_iter", "must be >= 1")
+        check(
+            self.minibatch_buffer_size == 1,
+            "minibatch_buffer_size",
+            "only 1 is supported (the num_sgd_iter passes over a train batch run together)",
+        )
         check(self.opt_type in OPTIMIZERS, "opt_type", f"must be one of {list(OPTIMIZERS)}")
         check(
             self.replay_proportion == 0.0,

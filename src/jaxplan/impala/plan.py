@@ -9,7 +9,7 @@ from typing import Any
 from jaxplan import trainer
 from jaxplan.a2c.policy import A2CPolicy
 from jaxplan.algorithms import Algorithm, train_batch
-from jaxplan.flow import Plan
+from jaxplan.flow import Plan, Stage
 from jaxplan.impala.config import PRESETS, IMPALAConfig, IMPALAHParams
 from jaxplan.stages import (
     ConcatBatches,
@@ -28,11 +28,14 @@ class IMPALAPolicy(A2CPolicy):
     hparams_class = IMPALAHParams
 
 
-def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
+def execution_plan(
+    workers: WorkerSet, config: IMPALAConfig, *, after_train_step: Stage | None = None
+) -> Plan:
     """IMPALA: async actor groups (each acting with its own params snapshot, refreshed when
     it starts a fragment: RLlib's `BroadcastUpdateLearnerWeights` with `broadcast_interval`
     1) -> train batches of `train_batch_size` -> the learner's `num_sgd_iter` steps on each
-    with the V-trace loss."""
+    with the V-trace loss. `after_train_step`: a stage on each learner info (RLlib's config
+    key of that name: APPO's `UpdateTargetAndKL`)."""
     rollouts = ParallelRollouts(
         workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker
     )
@@ -57,6 +60,8 @@ def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
                 **learner,
             )
         )
+    if after_train_step is not None:
+        train_op = train_op.for_each(lambda t: t[1]).for_each(after_train_step)
     return trainer.reporting(train_op, workers, config)
 
 
