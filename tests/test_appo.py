@@ -280,10 +280,11 @@ def test_cli_trains_appo(tmp_path, capsys):
 
 
 MESH = """
-import jax, json, jaxplan
+import jax, json, sys, jaxplan
 plan = jaxplan.appo_plan({"num_workers": 2, "num_envs_per_worker": 2,
     "rollout_fragment_length": 8, "train_batch_size": 32, "num_devices": 2, "num_sgd_iter": 2,
-    "_fake_gpus": True, "model": {"fcnet_hiddens": [8]}}, env="CartPole-v1")
+    "_fake_gpus": True, "model": {"fcnet_hiddens": [8]}, **json.loads(sys.argv[1])},
+    env="CartPole-v1")
 state = plan.init(jax.random.PRNGKey(0))
 step = jax.jit(plan.step)
 for _ in range(3):
@@ -293,22 +294,35 @@ ps = state.policies["default_policy"]
 same = all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(ps.params["model"]),
                                                jax.tree.leaves(ps.params["target"])))
 print(json.dumps({"steps": r["timesteps_total"], "updates": r["info"]["num_target_updates"],
+                  "trained": r["info"]["num_steps_trained"],
                   "lag": r["info"]["learner"]["default_policy"]["policy_lag_mean"],
                   "stats": r["info"]["learner"]["default_policy"]["learner_stats"],
                   "target_is_model": same}))
 """
 
 
-def test_runs_on_two_fake_devices():
+@pytest.mark.parametrize("replay", [False, True])
+def test_runs_on_two_fake_devices(replay):
     """On a mesh each device staggers its own groups and the learner is data-parallel (as
-    IMPALA): 2 devices x 1 group emit 2 x 16 steps a round; the target follows the model."""
+    IMPALA): 2 devices x 1 group emit 2 x 16 steps a round; the target follows the model.
+    With MixInReplay (one replay per batch) and a learner queue of 2 each device keeps its
+    shard of the queued and replayed batches; the producer is held back every other
+    iteration, the learner is not."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    extra = {"replay_proportion": 1.0, "replay_buffer_num_slots": 4, "learner_queue_size": 2}
     proc = subprocess.run(
-        [sys.executable, "-c", MESH], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", MESH, json.dumps(extra if replay else {})],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["steps"] == 3 * 32 and out["lag"] == 1.0 and out["updates"] == 3
+    assert out["steps"] == (2 if replay else 3) * 32 and out["trained"] == 3 * 32
+    # RLlib's rule counts env steps sampled: none in the held-back iteration, no update
+    assert out["updates"] == (2 if replay else 3)
+    assert out["lag"] == (2.0 if replay else 1.0)
     assert out["target_is_model"]
     stats = out["stats"]
     assert all(np.isfinite(v) for v in stats.values() if isinstance(v, float))
