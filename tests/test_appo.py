@@ -277,6 +277,29 @@ def test_cli_trains_appo(tmp_path, capsys):
     assert rows[-1]["timesteps_total"] == 2 * 256
     assert rows[-1]["info"]["num_target_updates"] == 2
     assert json.loads((out / "params.json").read_text())["algorithm"] == "APPO"
+    policy = jaxplan.load_policy(out)  # acts with the model of the {"model", "target"} params
+    assert policy.act(np.zeros((5, 4), np.float32)).shape == (5,)
+    assert policy.value(np.zeros((5, 4), np.float32)).shape == (5,)
+    argv = [*argv[:-1], "4", "--resume", str(out)]
+    assert cli.main([*argv, "--quiet", "--output", str(out)]) == 0
+    rows = [json.loads(ln) for ln in (out / "result.jsonl").read_text().splitlines()]
+    assert rows[-1]["timesteps_total"] == 4 * 256 and rows[-1]["info"]["num_target_updates"] == 4
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"vtrace": False}, {"vtrace": False, "use_critic": False, "use_gae": False}]
+)
+def test_gae_variants_run(overrides):
+    """`vtrace=False`: GAE advantages (with `use_critic=False` discounted returns, zero
+    baseline) and the ratio to the acting policy; the plan trains and reports finite stats
+    without the V-trace ones."""
+    plan = appo_plan({**SMALL, **overrides}, env="CartPole-v1")
+    state = plan.init(jax.random.PRNGKey(0))
+    step = jax.jit(plan.step)
+    for _ in range(2):
+        state, result = step(state)
+    stats = plan.report(result)["info"]["learner"][PID]["learner_stats"]
+    assert "mean_IS" not in stats and all(np.isfinite(v) for v in stats.values())
 
 
 MESH = """
