@@ -198,3 +198,26 @@ def test_learner_postprocessing_reproduces_the_rollouts_postprocessing():
     state = state.replace(policies={PID: moved})
     _, _, other = stage.apply(state.replace(stages={}), None, batch)
     assert not np.allclose(other.policy_batches[PID]["advantages"], rows["advantages"])
+
+
+@pytest.mark.slow
+def test_appo_with_replay_solves_cartpole_in_fewer_env_steps():
+    """APPO's CartPole preset with `replay_proportion=1` (8 slots, queue of 2: each sampled
+    batch is trained on, then one uniform replay): seeds 0-2 vmapped reach 475 within 200k
+    env steps (measured on the 2-core CPU machine: 121k, 161k, 115k; without replay 224k,
+    201k, 156k), the learner taking two batches per sampled one."""
+    import jaxplan
+    from jaxplan.appo.plan import appo_plan
+    from jaxplan.counters import counter_value
+
+    extra = {"replay_proportion": 1.0, "replay_buffer_num_slots": 8, "learner_queue_size": 2}
+    plan = appo_plan(extra, env="CartPole-v1")
+    stop = jaxplan.Stop(episode_reward_mean=475)
+    _, results = jaxplan.train_seeds(plan, [0, 1, 2], 1600, stop=stop)
+    done = np.asarray(results["done"])
+    assert done.any(axis=1).all(), np.nanmax(np.asarray(results["episode_reward_mean"]), axis=1)
+    first = done.argmax(axis=1)
+    sampled = counter_value(results["timesteps_total"])[np.arange(3), first]
+    trained = counter_value(results["info"]["num_steps_trained"])[np.arange(3), first]
+    assert (sampled <= 200_000).all(), sampled
+    assert (np.abs(trained - 2 * sampled) <= 256).all(), (trained, sampled)
