@@ -76,8 +76,8 @@ class QueueState:
 class LearnerQueue(SharedState):
     """A bounded FIFO of `learner_queue_size` train batches as produced by `producer` (the
     flow `Enqueue` ends: its items are `MultiAgentBatch`es or `MixedBatches`; their layout is
-    taken from it at `init`). Shared by `Enqueue` and `Dequeue` (see the module docstring).
-    On a mesh every device keeps its shard of each batch's rows."""
+    taken from it when the queue is built). Shared by `Enqueue` and `Dequeue` (see the module
+    docstring). On a mesh every device keeps its shard of each batch's rows."""
 
     name = "learner_queue"
 
