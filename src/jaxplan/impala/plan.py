@@ -67,9 +67,10 @@ def execution_plan(
     for the queue's backpressure). `after_train_step`: a stage on each learner info (RLlib's
     config key of that name: APPO's `UpdateTargetAndKL`)."""
     train_batches = gather_experiences_directly(workers, config)
-    learner_queue = LearnerQueue(
-        workers, train_batches, learner_queue_size=config.learner_queue_size
-    )
+    # without replay the learner takes each batch in the cycle that makes it and the queue
+    # never holds more than one: one slot behaves the same with 1/learner_queue_size the memory
+    queue_size = config.learner_queue_size if config.replay_proportion > 0 else 1
+    learner_queue = LearnerQueue(workers, train_batches, learner_queue_size=queue_size)
     enqueue_op = train_batches.for_each(Enqueue(learner_queue))
 
     dequeue_op = Dequeue(learner_queue)
