@@ -61,7 +61,8 @@ def test_config_defaults_and_errors():
     )
     assert (c.vtrace, c.num_sgd_iter, c.max_sample_requests_in_flight_per_worker) == (True, 1, 2)
     for bad, fragment in (
-        ({"replay_proportion": 0.5}, "MixInReplay is not supported yet"),
+        ({"replay_proportion": 0.5}, "must be > 0 when replay_proportion > 0"),
+        ({"minibatch_buffer_size": 2}, "only 1 is supported"),
         ({"broadcast_interval": 2}, "only 1 is supported"),
         ({"vtrace": False}, "IMPALA needs V-trace"),
         ({"opt_type": "rmsprop"}, "opt_type"),

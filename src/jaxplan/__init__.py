@@ -2,7 +2,7 @@
 
 What a plan author needs is here: the stage contract (`Stage`), `Flow` and `Plan`, RLlib's
 stages, `WorkerSet`/`PlanState`, the policy contract, the algorithms' plans and configs
-(PPO, A2C, A3C, IMPALA; `get_algorithm` by name), and the runners.
+(PPO, A2C, A3C, IMPALA, APPO; `get_algorithm` by name), and the runners.
 Formulas (`jaxplan.gae`, `jaxplan.vtrace`, `jaxplan.ppo.loss`), devices (`jaxplan.devices`),
 envs (`jaxplan.envs`: the env contract; `jaxplan.multi_agent`) and checkpoints live in their
 submodules.
@@ -13,6 +13,8 @@ from jaxplan.a2c.plan import a2c_plan
 from jaxplan.a3c.config import A3CConfig
 from jaxplan.a3c.plan import a3c_plan
 from jaxplan.algorithms import Algorithm, get_algorithm
+from jaxplan.appo.config import APPOConfig
+from jaxplan.appo.plan import appo_plan
 from jaxplan.batch import (
     DEFAULT_POLICY_ID,
     LearnerInfo,
@@ -61,6 +63,7 @@ __all__ = [
     "DEFAULT_POLICY_ID",
     "A2CConfig",
     "A3CConfig",
+    "APPOConfig",
     "IMPALAConfig",
     "Algorithm",
     "ApplyGradients",
@@ -70,6 +73,7 @@ __all__ = [
     "TrainerConfig",
     "a2c_plan",
     "a3c_plan",
+    "appo_plan",
     "impala_plan",
     "get_algorithm",
     "ConcatBatches",

@@ -15,6 +15,7 @@ MODULES = {
     "a2c": "jaxplan.a2c.plan",
     "a3c": "jaxplan.a3c.plan",
     "impala": "jaxplan.impala.plan",
+    "appo": "jaxplan.appo.plan",
     "dqn": "jaxplan.dqn.plan",
     "sac": "jaxplan.sac.plan",
 }

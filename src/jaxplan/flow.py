@@ -24,10 +24,12 @@ Shared state: RLlib's DQN plan hands one `local_replay_buffer` to two operators
 of its own: the entry is named, initialised, laid out and reported once, by the object, and
 every stage holding the same object reads and writes it, in flow order.
 
-Readiness: a source stage may define `ready(state, stage_state) -> bool` (RLlib's
-`_NextValueNotReady`: a replay buffer before `learning_starts`); `Flow.pull_if_ready` then
-pulls the whole flow only when it is ready (`lax.cond`), else leaves the state as it is and
-yields an item of zeros (see `Concurrently`).
+Readiness: a stage may define `ready(state, stage_state) -> bool`, read on the state before
+the pull: a source's is RLlib's `_NextValueNotReady` (a replay buffer before
+`learning_starts`, an empty learner queue), a later stage's is backpressure (`Enqueue` on a
+full learner queue). `Flow.pull_if_ready` then pulls the whole flow only when all its stages
+are ready (`lax.cond`), else leaves the state as it is and yields an item of zeros (see
+`Concurrently`).
 """
 
 from __future__ import annotations
@@ -131,16 +133,7 @@ class Flow:
         """A flow that starts with `stage` (its `apply` gets `item=None`); if the stage has
         `ready(state, stage_state)`, the flow is pulled only when that is true (see
         `pull_if_ready`)."""
-        flow = cls(lambda state: (state, None), ()).for_each(stage)
-        check = getattr(stage, "ready", None)
-        if check is None:
-            return flow
-        name = flow.stages[-1][0]
-
-        def ready(state: PlanState) -> jax.Array:
-            return check(state.replace(stages={}), state.stages.get(name))
-
-        return cls(flow.pull, flow.stages, ready)
+        return cls(lambda state: (state, None), ()).for_each(stage)
 
     def pull_if_ready(self, state: PlanState) -> tuple[PlanState, Any, jax.Array]:
         """`(state, item, ready)`: the flow pulled if its source is ready (always without a
@@ -149,13 +142,14 @@ class Flow:
             state, item = self.pull(state)
             return state, item, jnp.bool_(True)
         _, shapes = jax.eval_shape(self.pull, state)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        zeros = jax.tree.map(_zeros, shapes)
         ok = self.ready(state)
         state, item = jax.lax.cond(ok, self.pull, lambda s: (s, zeros), state)
         return state, item, ok
 
     def for_each(self, stage: Stage | Callable[[Any], Any]) -> Flow:
-        """Applies `stage` (or a plain function of the item) to every item of the flow."""
+        """Applies `stage` (or a plain function of the item) to every item of the flow; a
+        stage with `ready(state, stage_state)` also gates the flow (see `pull_if_ready`)."""
         if not isinstance(stage, Stage):
             if not callable(stage):
                 raise TypeError(f"for_each takes a Stage or a function of the item, got {stage!r}")
@@ -175,7 +169,17 @@ class Flow:
                 stages[name] = new
             return core.replace(stages=stages), item
 
-        return Flow(pull, self.stages if known else (*self.stages, (name, owner)), self.ready)
+        stages = self.stages if known else (*self.stages, (name, owner))
+        check = getattr(stage, "ready", None)
+        if check is None:
+            return Flow(pull, stages, self.ready)
+        before = self.ready
+
+        def ready(state: PlanState) -> jax.Array:
+            ok = check(state.replace(stages={}), state.stages.get(name))
+            return ok if before is None else jnp.logical_and(before(state), ok)
+
+        return Flow(pull, stages, ready)
 
     def combine(self, op: Combinator) -> Flow:
         """`op.combine(upstream pull) -> pull` (e.g. ConcatBatches); the stages stay."""
@@ -218,6 +222,30 @@ class Flow:
         return state
 
 
+def item_shape(flow: Flow, workers: WorkerSet) -> Any:
+    """The item one pull of `flow` yields, as shapes (`jax.ShapeDtypeStruct` leaves; on the
+    workers' mesh, one device's shard, as a stage inside the step sees it), from a fresh
+    state with the flow's stages initialised; nothing is computed. For stages whose state
+    is shaped like the items they receive (`LearnerQueue`, `MixInReplay`)."""
+    core = jax.eval_shape(workers.init, jax.random.PRNGKey(0))
+
+    def pull(state: PlanState) -> Any:
+        return flow.pull(state)[1]
+
+    full = jax.eval_shape(flow.init, core)
+    if workers.mesh is None:
+        return jax.eval_shape(pull, full)
+    specs = {name: owner.partition_spec() for name, owner in flow.stages if name in full.stages}
+    local = jax.shard_map(
+        pull,
+        mesh=workers.mesh,
+        in_specs=(workers.state_specs(specs),),
+        out_specs=P(),  # not replicated, but its shapes are one device's: what is asked
+        check_vma=False,
+    )
+    return jax.eval_shape(local, full)
+
+
 def merged_stages(flows: list[Flow]) -> tuple[tuple[str, Stage | SharedState], ...]:
     """The state owners of several flows joined into one plan (`Concurrently`): an owner in
     several flows (a `SharedState`) once; two different owners must not share a name (their
@@ -242,6 +270,15 @@ def merged_stages(flows: list[Flow]) -> tuple[tuple[str, Stage | SharedState], .
             if not same and not clash:
                 out.append((name, owner))
     return tuple(out)
+
+
+def _zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
+    """Zeros of `shape`; inside `shard_map`, typed as varying across the mesh axes the
+    shape's value varies over (so that both branches of a `lax.cond` have one type)."""
+    zeros = jnp.zeros(shape.shape, shape.dtype)
+    manual = getattr(shape, "manual_axis_type", None)
+    axes = tuple(sorted(manual.varying)) if manual is not None else ()
+    return jax.lax.pcast(zeros, axes, to="varying") if axes else zeros
 
 
 def _check_same_kind(name: str, before: Any, after: Any) -> None:

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 from flax import struct
@@ -38,10 +39,11 @@ class IMPALAConfig(TrainerConfig):
     when each fragment is emitted, with the learner's params of that iteration: the params
     of the first step; RLlib recomputes it in the loss at every step).
 
-    Not modelled yet (refused when set): `replay_proportion > 0` (MixInReplay),
-    `broadcast_interval > 1`, `opt_type="rmsprop"`. `learner_queue_size` is accepted: the
-    learner consumes every train batch in the iteration that builds it, so its queue never
-    holds more than one."""
+    Train batches go through RLlib's learner queue (`learner_queue_size` train batches,
+    `jaxplan.stages.learner_queue`) and, with `replay_proportion > 0`, MixInReplay
+    (`replay_buffer_num_slots` train batches, `jaxplan.stages.mix_in_replay`); V-trace is
+    then recomputed on the learner side. Not modelled yet (refused when set):
+    `broadcast_interval > 1`, `opt_type="rmsprop"`, `minibatch_buffer_size > 1`."""
 
     rollout_fragment_length: int = 50
     train_batch_size: int = 500
@@ -57,17 +59,22 @@ class IMPALAConfig(TrainerConfig):
     entropy_coeff: float = traced(0.01)
     entropy_coeff_schedule: Schedule | None = per_policy(None)
     num_sgd_iter: int = 1
+    minibatch_buffer_size: int = 1
     replay_proportion: float = 0.0
     replay_buffer_num_slots: int = 0
     learner_queue_size: int = 16
     max_sample_requests_in_flight_per_worker: int = 2
     broadcast_interval: int = 1
 
+    requires_vtrace: ClassVar[bool] = True
+    """IMPALA refuses `vtrace=False`; APPO (a subclass) allows GAE advantages instead."""
+
     def validate(self) -> IMPALAConfig:
         """The common checks (`TrainerConfig.validate`), then IMPALA's keys."""
         super().validate()
         check = self.check
-        check(self.vtrace, "vtrace", "IMPALA needs V-trace (without it, use a2c or ppo)")
+        if self.requires_vtrace:
+            check(self.vtrace, "vtrace", "IMPALA needs V-trace (without it, use a2c or ppo)")
         for key in (
             "vtrace_clip_rho_threshold",
             "vtrace_clip_pg_rho_threshold",
@@ -78,14 +85,26 @@ class IMPALAConfig(TrainerConfig):
         check(self.vf_loss_coeff >= 0, "vf_loss_coeff", "must be >= 0")
         check(self.entropy_coeff >= 0, "entropy_coeff", "must be >= 0")
         check(self.num_sgd_iter >= 1, "num_sgd_iter", "must be >= 1")
-        check(self.opt_type in OPTIMIZERS, "opt_type", f"must be one of {list(OPTIMIZERS)}")
         check(
-            self.replay_proportion == 0.0,
-            "replay_proportion",
-            "MixInReplay is not supported yet; use 0.0",
+            self.minibatch_buffer_size == 1,
+            "minibatch_buffer_size",
+            "only 1 is supported (the num_sgd_iter passes over a train batch run together)",
         )
+        check(self.opt_type in OPTIMIZERS, "opt_type", f"must be one of {list(OPTIMIZERS)}")
+        check(self.replay_proportion >= 0.0, "replay_proportion", "must be >= 0")
         check(self.replay_buffer_num_slots >= 0, "replay_buffer_num_slots", "must be >= 0")
-        check(self.learner_queue_size >= 1, "learner_queue_size", "must be >= 1")
+        check(
+            self.replay_proportion == 0.0 or self.replay_buffer_num_slots > 0,
+            "replay_buffer_num_slots",
+            "must be > 0 when replay_proportion > 0 (RLlib's MixInReplay)",
+        )
+        per_pull = 1 + math.ceil(self.replay_proportion)
+        check(
+            self.learner_queue_size >= per_pull,
+            "learner_queue_size",
+            f"must hold the 1 + ceil(replay_proportion) = {per_pull} train batches one "
+            "MixInReplay output can hold",
+        )
         check(
             self.max_sample_requests_in_flight_per_worker >= 1,
             "max_sample_requests_in_flight_per_worker",

@@ -9,7 +9,7 @@ from typing import Any
 from jaxplan import trainer
 from jaxplan.a2c.policy import A2CPolicy
 from jaxplan.algorithms import Algorithm, train_batch
-from jaxplan.flow import Plan
+from jaxplan.flow import Flow, Plan, Stage
 from jaxplan.impala.config import PRESETS, IMPALAConfig, IMPALAHParams
 from jaxplan.stages import (
     ConcatBatches,
@@ -17,6 +17,10 @@ from jaxplan.stages import (
     ParallelRollouts,
     TrainOneStep,
 )
+from jaxplan.stages.concurrently import Concurrently
+from jaxplan.stages.learner_postprocessing import LearnerPostprocessing
+from jaxplan.stages.learner_queue import Dequeue, Enqueue, LearnerQueue
+from jaxplan.stages.mix_in_replay import MixInReplay
 from jaxplan.workers import WorkerSet
 
 
@@ -28,11 +32,11 @@ class IMPALAPolicy(A2CPolicy):
     hparams_class = IMPALAHParams
 
 
-def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
-    """IMPALA: async actor groups (each acting with its own params snapshot, refreshed when
-    it starts a fragment: RLlib's `BroadcastUpdateLearnerWeights` with `broadcast_interval`
-    1) -> train batches of `train_batch_size` -> the learner's `num_sgd_iter` steps on each
-    with the V-trace loss."""
+def gather_experiences_directly(workers: WorkerSet, config: IMPALAConfig) -> Flow:
+    """Train batches (RLlib's function of that name): async actor groups (each acting with
+    its own params snapshot, refreshed when it starts a fragment: RLlib's
+    `BroadcastUpdateLearnerWeights` with `broadcast_interval` 1) -> batches of
+    `train_batch_size` -> with `replay_proportion > 0`, `MixInReplay`."""
     rollouts = ParallelRollouts(
         workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker
     )
@@ -42,14 +46,44 @@ def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
             count_steps_by=config.multiagent.count_steps_by,
         )
     )
+    if config.replay_proportion > 0:  # RLlib mixes before ConcatBatches (see MixInReplay)
+        train_batches = train_batches.for_each(
+            MixInReplay(
+                workers,
+                train_batches,
+                num_slots=config.replay_buffer_num_slots,
+                replay_proportion=config.replay_proportion,
+            )
+        )
+    return train_batches
+
+
+def execution_plan(
+    workers: WorkerSet, config: IMPALAConfig, *, after_train_step: Stage | None = None
+) -> Plan:
+    """IMPALA: train batches (`gather_experiences_directly`) -> the learner queue -> the
+    learner's `num_sgd_iter` steps on each with the V-trace loss; the producer and the
+    learner run "concurrently" (one pull each per cycle; see `jaxplan.stages.learner_queue`
+    for the queue's backpressure). `after_train_step`: a stage on each learner info (RLlib's
+    config key of that name: APPO's `UpdateTargetAndKL`)."""
+    train_batches = gather_experiences_directly(workers, config)
+    # without replay the learner takes each batch in the cycle that makes it and the queue
+    # never holds more than one: one slot behaves the same with 1/learner_queue_size the memory
+    queue_size = config.learner_queue_size if config.replay_proportion > 0 else 1
+    learner_queue = LearnerQueue(workers, train_batches, learner_queue_size=queue_size)
+    enqueue_op = train_batches.for_each(Enqueue(learner_queue))
+
+    dequeue_op = Dequeue(learner_queue)
+    if config.replay_proportion > 0:  # replayed (and queued) rows: V-trace at learning time
+        dequeue_op = dequeue_op.for_each(LearnerPostprocessing(workers))
     schedules = trainer.schedules_stage(config)
     if schedules is not None:  # RLlib applies them inside its policies; here a stage
-        train_batches = train_batches.for_each(schedules)
+        dequeue_op = dequeue_op.for_each(schedules)
     learner = dict(num_sgd_iter=config.num_sgd_iter, shuffle_sequences=False)
     if config.simple_optimizer or workers.mesh is None:
-        train_op = train_batches.for_each(TrainOneStep(workers, **learner))
+        dequeue_op = dequeue_op.for_each(TrainOneStep(workers, **learner))
     else:  # each device differentiates its shard of the batch
-        train_op = train_batches.for_each(
+        dequeue_op = dequeue_op.for_each(
             MultiGPUTrainOneStep(
                 workers,
                 num_gpus=config.data_parallel_devices,
@@ -57,7 +91,12 @@ def execution_plan(workers: WorkerSet, config: IMPALAConfig) -> Plan:
                 **learner,
             )
         )
-    return trainer.reporting(train_op, workers, config)
+    # RLlib applies after_train_step to the merged op's items: the learner's
+    if after_train_step is not None:
+        dequeue_op = dequeue_op.for_each(lambda t: t[1]).for_each(after_train_step)
+
+    merged_op = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
+    return trainer.reporting(merged_op, workers, config)
 
 
 def build_workers(config: IMPALAConfig) -> WorkerSet:

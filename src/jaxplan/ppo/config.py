@@ -45,8 +45,9 @@ class PPOConfig(TrainerConfig):
     entropy_coeff: float = traced(0.0)
     # RLlib's schedule (see `lr_schedule`): it overrides entropy_coeff
     entropy_coeff_schedule: Schedule | None = per_policy(None)
-    # rollouts: "bulk_sync" (RLlib PPO) or "async" (staggered actor groups, APPO-style; see
-    # ParallelRollouts), and V-trace correction of the advantages for the lag (IMPALA's clipping)
+    # rollouts: "bulk_sync" (RLlib PPO) or "async" (staggered actor groups: PPO with lagged
+    # actors; RLlib's APPO is `appo`; see ParallelRollouts), and V-trace correction of the
+    # advantages for the lag (IMPALA's clipping)
     rollout_mode: str = "bulk_sync"
     num_async: int = 1
     vtrace: bool = per_policy(False)

@@ -12,7 +12,13 @@ def clipped_surrogate(
     logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, clip_param: jax.Array
 ) -> jax.Array:
     """`[B] -> [B]`: `min(A r, A clip(r, 1 - eps, 1 + eps))` with `r = exp(logp - old_logp)`."""
-    ratio = jnp.exp(logp - old_logp)
+    return clipped_ratio_surrogate(jnp.exp(logp - old_logp), advantages, clip_param)
+
+
+def clipped_ratio_surrogate(
+    ratio: jax.Array, advantages: jax.Array, clip_param: jax.Array
+) -> jax.Array:
+    """`[B] -> [B]`: `min(A r, A clip(r, 1 - eps, 1 + eps))` for a given ratio `r`."""
     return jnp.minimum(
         advantages * ratio, advantages * jnp.clip(ratio, 1.0 - clip_param, 1.0 + clip_param)
     )

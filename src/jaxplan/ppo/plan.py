@@ -27,8 +27,9 @@ from jaxplan.workers import WorkerSet
 def execution_plan(workers: WorkerSet, config: PPOConfig) -> Plan:
     """PPO: sample, select trainable policies, build the train batch, standardize advantages,
     SGD, adapt the KL coefficient, report. RLlib's PPO samples `bulk_sync`; with
-    `rollout_mode="async"` it is APPO-like (lagged fragments; the surrogate's ratio is taken
-    against the acting policy's log-probs, optionally with V-trace advantages)."""
+    `rollout_mode="async"` it is PPO with lagged actors (the surrogate's ratio is taken
+    against the acting policy's log-probs, optionally with V-trace advantages); RLlib's
+    asynchronous PPO, with IMPALA's learner queue and a target network, is `appo`."""
     rollouts = ParallelRollouts(workers, mode=config.rollout_mode, num_async=config.num_async)
     rollouts = rollouts.for_each(SelectExperiences(workers.trainable_policies()))
     rollouts = rollouts.combine(

@@ -9,7 +9,10 @@ from jaxplan.stages.gradients import (
     AverageGradients,
     ComputeGradients,
 )
+from jaxplan.stages.learner_postprocessing import LearnerPostprocessing
+from jaxplan.stages.learner_queue import Dequeue, Enqueue, LearnerQueue, MixedBatches
 from jaxplan.stages.metrics import StandardMetricsReporting, warn_about_bad_reward_scales
+from jaxplan.stages.mix_in_replay import MixInReplay
 from jaxplan.stages.rollouts import ParallelRollouts, Rollouts
 from jaxplan.stages.select_experiences import SelectExperiences
 from jaxplan.stages.standardize_fields import StandardizeFields
@@ -23,7 +26,13 @@ __all__ = [
     "AverageGradients",
     "ComputeGradients",
     "ConcatBatches",
+    "Dequeue",
+    "Enqueue",
     "Evaluation",
+    "LearnerPostprocessing",
+    "LearnerQueue",
+    "MixInReplay",
+    "MixedBatches",
     "MultiGPUTrainOneStep",
     "ParallelRollouts",
     "Rollouts",

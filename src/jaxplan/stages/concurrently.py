@@ -6,8 +6,11 @@ ops in `output_indexes`. jaxplan's is the same, deterministic and static: one pu
 joined flow is one cycle; an op whose source is not ready (a replay buffer before
 `learning_starts`, RLlib's `_NextValueNotReady`) is skipped without changing the state (see
 `Flow.pull_if_ready`). The cycle's item is the last item an output op produced in it (zeros
-if none did). RLlib's weight `"*"` (pull until not ready) and its `async` mode have no static
-counterpart here.
+if none did). RLlib's weight `"*"` (pull until not ready) has no static counterpart here.
+
+`mode="async"` (RLlib: items in whatever order the ops produce them, e.g. IMPALA's producer
+and learner) is made deterministic: each cycle pulls every ready op once, in list order (the
+round robin with weights 1), so a plan that runs its ops "concurrently" replays exactly.
 """
 
 from __future__ import annotations
@@ -29,13 +32,18 @@ def Concurrently(  # noqa: N802 - RLlib's name
     output_indexes: Sequence[int] | None = None,
     round_robin_weights: Sequence[int] | None = None,
 ) -> Flow:
-    """One flow of `ops` pulled in round-robin order (see the module docstring).
+    """One flow of `ops` pulled in round-robin order (see the module docstring; `"async"`:
+    each ready op once per cycle, in order).
 
     `output_indexes` (default: all ops) must name ops whose items have one structure;
-    `round_robin_weights` (default: 1 each) are integers >= 1."""
+    `round_robin_weights` (default: 1 each; round_robin only) are integers >= 1."""
     ops = list(ops)
-    if mode != "round_robin":
-        raise ValueError(f"Concurrently mode {mode!r} is not supported; valid modes: round_robin")
+    if mode not in ("round_robin", "async"):
+        raise ValueError(
+            f"Concurrently mode {mode!r} is not supported; valid modes: round_robin, async"
+        )
+    if mode == "async" and round_robin_weights is not None:
+        raise ValueError("Concurrently: round_robin_weights apply to mode='round_robin' only")
     if not ops or not all(isinstance(op, Flow) for op in ops):
         raise ValueError(f"Concurrently takes a non-empty list of flows, got {ops!r}")
     weights = [1] * len(ops) if round_robin_weights is None else list(round_robin_weights)

@@ -51,9 +51,13 @@ class UpdateTargetNetwork(Stage):
             }
         }
 
+    def due(self, elapsed: jax.Array) -> jax.Array:
+        """Whether `elapsed` env steps (uint32) since the last update call for one now."""
+        return elapsed >= jnp.uint32(self.target_update_freq)
+
     def apply(self, state: PlanState, own: TargetUpdateState, item: Any):
         now = state.counters.num_steps_sampled.lo
-        due = now - own.last_update >= jnp.uint32(self.target_update_freq)
+        due = self.due(now - own.last_update)
         policies = dict(state.policies)
         for pid in self.workers.trainable_policies():
             updated = self.workers.policies[pid].update_target(policies[pid])
