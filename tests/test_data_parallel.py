@@ -95,9 +95,18 @@ s1 = r1["info"]["learner"]["default_policy"]["learner_stats"]
 s2 = r2["info"]["learner"]["default_policy"]["learner_stats"]
 out["sac_stats_diff"] = {k: abs(s1[k] - s2[k]) for k in s1}
 
+# DQN with prioritized replay: replicated priorities, TD errors gathered from the devices
+per = {**dqn, "prioritized_replay": True}
+_, one, _ = run("dqn", per, 0, 3)
+_, two, _ = run("dqn", per, 2, 3)
+out["per_policy_diff"] = max_diff(one.policies, two.policies)
+p1 = np.asarray(one.stages["local_replay_buffer"].priorities["default_policy"])
+p2 = np.asarray(two.stages["local_replay_buffer"].priorities["default_policy"])
+out["per_priorities_diff"] = float(np.max(np.abs(p1 - p2)))
+out["per_priorities_spread"] = float(np.max(p1) - np.min(p1))
+
 errors = {}
 for key, overrides in {
-    "prioritized_replay": {"prioritized_replay": True},
     "buffer_size": {"buffer_size": 150},
     "train_batch_size": {"train_batch_size": 33},
 }.items():
@@ -157,9 +166,17 @@ def test_sac_on_two_devices_matches_one_device(two_devices):
         assert diff < 1e-4, (key, diff)
 
 
+def test_dqn_prioritized_replay_on_two_devices_matches_one_device(two_devices):
+    """3 iterations of prioritized replay: the priorities (set from the TD errors of rows
+    trained on both devices) and the params agree with one device to float rounding."""
+    out = two_devices
+    assert out["per_priorities_spread"] > 1e-2  # priorities were updated, not all max
+    assert out["per_priorities_diff"] < 1e-4, out["per_priorities_diff"]
+    assert out["per_policy_diff"] < 1e-5, out["per_policy_diff"]
+
+
 def test_dqn_mesh_errors_name_the_key(two_devices):
     errors = two_devices["errors"]
-    assert "prioritized_replay" in errors["prioritized_replay"]
     assert "buffer_size (150)" in errors["buffer_size"] and "(16)" in errors["buffer_size"]
     assert "train_batch_size: 33" in errors["train_batch_size"]
     assert "multiple of 2" in errors["train_batch_size"]

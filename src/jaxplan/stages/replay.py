@@ -22,7 +22,7 @@ and one `searchsorted` per train batch), not a sum tree: O(capacity) per batch, 
 fused, static-shape pass on device that is exact in the same sense as a tree (float32 sums;
 fine for capacities up to ~1e5-1e6) and keeps no second structure in sync with the ring.
 
-On a mesh of `N` devices (uniform replay) the ring is sharded over the devices: each holds
+On a mesh of `N` devices the ring is sharded over the devices: each holds
 `capacity / N` slots and writes only the rows its own actor groups sampled, so no rollout row
 crosses devices. The ring's slots keep their one-device numbering (`batch_indexes`): with
 `capacity` a multiple of the rows of one rollout round, global slot `s` is written by the
@@ -30,7 +30,9 @@ same add and row as on one device, and lives on the device whose groups sampled 
 (`LocalReplayBuffer.locate`). `Replay` draws the same global slots as one device from the
 replicated key, every device reads the ones it holds, one all-gather assembles the train
 batch, the same on every device (the data-parallel learner differentiates its `1/N` of it):
-the batch one device would replay, bit for bit.
+the batch one device would replay, bit for bit. Prioritized replay's priorities (one float
+per slot) stay replicated in the one-device numbering: every device samples the same slots
+and applies the same updates (the learner gathers the per-row TD errors of all devices).
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ class LocalReplayBuffer(SharedState):
     beta goes linearly from `prioritized_replay_beta` to `final_prioritized_replay_beta` over
     the first `prioritized_replay_beta_annealing_timesteps` env steps sampled (constant
     without a final value). On a mesh the ring is sharded over the devices (see the module
-    docstring): uniform replay only, `capacity` a multiple of one rollout round's rows and
-    `replay_batch_size` a multiple of the device count, each checked with a `ValueError`."""
+    docstring): `capacity` a multiple of one rollout round's rows and `replay_batch_size` a
+    multiple of the device count, each checked with a `ValueError`."""
 
     name = "local_replay_buffer"
 
@@ -111,12 +113,6 @@ class LocalReplayBuffer(SharedState):
                     f"LocalReplayBuffer {key} must be an integer >= {low}, got {value!r}"
                 )
         n = 1 if workers.mesh is None else workers.mesh.size
-        if n > 1 and prioritized_replay:
-            raise ValueError(
-                f"prioritized_replay runs on one device; this WorkerSet has a mesh of {n} "
-                f"devices: use prioritized_replay=False (uniform replay is sharded) or "
-                f"num_devices=0"
-            )
         if replay_batch_size % n:
             raise ValueError(
                 f"replay_batch_size (train_batch_size: {replay_batch_size}) does not split "
@@ -229,10 +225,10 @@ class LocalReplayBuffer(SharedState):
         for pid, rows in batch.policy_batches.items():
             n = batch_rows(rows) * self.num_shards  # the round's rows, all devices
             local_rows = batch_rows(rows)
-            if self.axis is None:
-                slots = (next_index[pid] + jnp.arange(n)) % self.capacity
-            else:  # this device's rows, at its shard's next slots (see `locate`)
-                first = next_index[pid] // n * local_rows
+            ring_slots = (next_index[pid] + jnp.arange(n)) % self.capacity  # one-device slots
+            slots = ring_slots
+            if self.axis is not None:  # this device's rows, at its shard's next slots
+                first = next_index[pid] // n * local_rows  # (see `locate`)
                 slots = (first + jnp.arange(local_rows)) % (self.capacity // self.num_shards)
             storage[pid] = {
                 k: buf.at[slots].set(rows[k].astype(buf.dtype)) for k, buf in storage[pid].items()
@@ -240,7 +236,7 @@ class LocalReplayBuffer(SharedState):
             next_index[pid] = (next_index[pid] + n) % self.capacity
             size[pid] = jnp.minimum(size[pid] + n, self.capacity)
             if pid in priorities:  # new rows: the largest priority so far (RLlib's)
-                priorities[pid] = priorities[pid].at[slots].set(own.max_priority[pid])
+                priorities[pid] = priorities[pid].at[ring_slots].set(own.max_priority[pid])
         return own.replace(
             storage=storage,
             next_index=next_index,

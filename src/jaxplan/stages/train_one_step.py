@@ -100,7 +100,8 @@ def sgd_epochs(
 
     A loss whose stats hold a `PER_ROW` dict gets it back in `stats[PER_ROW]`: each value of
     the last epoch per row of `batch`, in `batch`'s row order (whatever the shuffling); NaN
-    for rows that epoch skipped (the remainder of its permutation). Not with `axis_name`.
+    for rows that epoch skipped (the remainder of its permutation); with `axis_name` the
+    devices' rows are gathered (not averaged), so every device gets the whole batch's.
 
     `batch` is the whole train batch. With `axis_name` (data-parallel inside `shard_map`, the
     same `batch`, `pstate` and `key` on every device) each device computes the loss on its
@@ -120,7 +121,10 @@ def sgd_epochs(
         (loss, stats), grads = jax.value_and_grad(policy.loss, has_aux=True)(
             devices.varying(ps.params, axis_name), ps.hparams, ps.kl_coeff, mb, **kw
         )  # this device's gradient (see `devices.varying`), averaged next
+        per_row = stats.pop(PER_ROW, None)  # this device's rows: gathered, not averaged
         loss, grads, stats = devices.mean((loss, grads, stats), axis_name)
+        if per_row is not None:  # the whole minibatch's rows, in its order
+            stats[PER_ROW] = devices.gather(per_row, axis_name)
         new = policy.apply_gradients(ps, grads)
         code = nonfinite_code(loss, stats, grads, new)
         # a non-finite update is not applied: this minibatch keeps the old state (a select;
@@ -143,8 +147,6 @@ def sgd_epochs(
     per_row = stats.pop(PER_ROW, None)
     stats = jax.tree.map(jnp.mean, stats)
     if per_row is not None:
-        if axis_name is not None:
-            raise NotImplementedError("per-row loss outputs are not supported with axis_name")
         # the last epoch's values, scattered back to the rows its (distinct) indices name
         idx = minibatch_indices(epoch_keys[-1], num_rows, minibatch_size, shuffle=shuffle)
         idx = idx.reshape(-1)
