@@ -8,11 +8,16 @@ the algorithm's steady work per env step, and `final` shows whether the preset h
     python benchmarks/algorithms.py                      # CartPole-v1, seeds 0-2, 300k steps
     python benchmarks/algorithms.py --algorithms ppo a2c --budget 100000
     python benchmarks/algorithms.py --env Pendulum-v1 --target -200 --algorithms sac --budget 50000
+    python benchmarks/algorithms.py --env Breakout-MinAtar --target 28 \
+        --config 'model.conv_filters=[]'
+
+`--config KEY=VALUE` (JSON value, repeatable) overrides a key of every algorithm's preset.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -27,9 +32,16 @@ from jaxplan.algorithms import ALGORITHM_NAMES, get_algorithm  # noqa: E402
 from jaxplan.counters import counter_value  # noqa: E402
 
 
-def measure(name: str, env: str, seeds: list[int], budget: int, target: float) -> dict:
+def measure(
+    name: str,
+    env: str,
+    seeds: list[int],
+    budget: int,
+    target: float,
+    overrides: dict | None = None,
+) -> dict:
     algorithm = get_algorithm(name)
-    plan = algorithm.plan(env=env)
+    plan = algorithm.plan(overrides, env=env)
     keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
     state0 = jax.jit(plan.init)(keys[0])
     _, first = jax.jit(plan.step)(state0)
@@ -55,7 +67,18 @@ def measure(name: str, env: str, seeds: list[int], budget: int, target: float) -
         "env_steps_per_s": float(steps[:, -1].sum() / run_s),
         "compile_s": compiled.total_s,
         "run_s": run_s,
+        "overrides": dict(overrides or {}),
     }
+
+
+def _override(text: str) -> tuple[str, object]:
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--config wants KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
 
 
 def main(argv=None) -> int:
@@ -65,11 +88,19 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=int, default=300_000, help="env steps per seed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algorithms", nargs="+", default=None, choices=ALGORITHM_NAMES)
+    parser.add_argument(
+        "--config",
+        type=_override,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a preset key of every algorithm (JSON value), e.g. 'model.conv_filters=[]'",
+    )
     args = parser.parse_args(argv)
     names = args.algorithms or [n for n in ALGORITHM_NAMES if args.env in get_algorithm(n).presets]
     rows = []
     for name in names:
-        row = measure(name, args.env, args.seeds, args.budget, args.target)
+        row = measure(name, args.env, args.seeds, args.budget, args.target, dict(args.config))
         rows.append(row)
         print(row, flush=True)
     write_jsonl("algorithms", [{**r, "environment": environment()} for r in rows])

@@ -16,3 +16,14 @@ def test_a_tiny_row():
     assert row["steps_to_target"] == [None, None]  # random play does not reach 475
     assert len(row["best"]) == len(row["final"]) == 2
     assert row["env_steps_per_s"] > 0 and row["compile_s"] > 0
+
+
+def test_config_overrides_every_preset():
+    """`--config KEY=VALUE` reaches the plan: a 512-step batch fits once in 768 steps (the
+    preset's 256-step batch three times)."""
+    assert algorithms._override("model.conv_filters=[]") == ("model.conv_filters", [])
+    assert algorithms._override("lr=0.001") == ("lr", 0.001)
+    row = algorithms.measure(
+        "a2c", "CartPole-v1", [0], budget=768, target=475.0, overrides={"train_batch_size": 512}
+    )
+    assert row["budget"] == 512 and row["overrides"] == {"train_batch_size": 512}

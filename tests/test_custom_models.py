@@ -290,3 +290,28 @@ def test_registered_model_trains_saves_and_loads(tmp_path, registry, monkeypatch
     monkeypatch.setattr(models, "_REGISTRY", {"other": TinyAC})
     with pytest.raises(ValueError, match=r"'tiny_ac': no model registered.*registered: 'other'"):
         jaxplan.load_policy(out)
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, stride, same",
+    [
+        ((10, 10, 4), (3, 3), (1, 1), False),  # MinAtar's conv
+        ((10, 10, 4), (3, 3), (1, 1), True),
+        ((84, 84, 3), (8, 8), (4, 4), True),
+        ((11, 9, 2), (4, 4), (2, 2), True),  # even kernel: TF's uneven 'same' padding
+        ((11, 9, 2), (4, 3), (2, 3), False),
+    ],
+)
+def test_patch_conv_is_flax_conv(shape, kernel, stride, same):
+    """The vision net's conv (strided slices and a matmul, fast in a loop body on CPU) computes
+    `nn.Conv` with the same params, and its gradients."""
+    from jaxplan.models import PatchConv
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, *shape)), jnp.float32)
+    ref = nn.Conv(5, kernel, stride, padding="SAME" if same else "VALID")
+    params = ref.init(jax.random.PRNGKey(0), x)
+    ours = PatchConv(5, kernel, stride, same=same)
+    np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x), atol=1e-5)
+    g_ours = jax.grad(lambda p: jnp.sum(jnp.tanh(ours.apply(p, x))))(params)
+    g_ref = jax.grad(lambda p: jnp.sum(jnp.tanh(ref.apply(p, x))))(params)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), g_ours, g_ref)

@@ -102,6 +102,42 @@ def conv_output_shape(obs_shape: Sequence[int], filters: Sequence[ConvFilter]) -
     return h, w, c
 
 
+class PatchConv(nn.Module):
+    """`x [N, H, W, C] -> [N, H', W', features]`: `nn.Conv` (same params: `kernel [kh, kw, C,
+    features]`, `bias`; 'SAME' padding by TF's rule, else 'VALID') computed as strided slices
+    (the `kh * kw` patches) and one matmul. XLA's CPU conv's weight gradient is ~20-70x slower
+    inside a loop body (`make_train`'s scan) than the matmul (benchmarks/README.md)."""
+
+    features: int
+    kernel_size: tuple[int, int]
+    strides: tuple[int, int] = (1, 1)
+    same: bool = False
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        (kh, kw), (sh, sw) = self.kernel_size, self.strides
+        c = x.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (kh, kw, c, self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        h, w = x.shape[1], x.shape[2]
+        if self.same:
+            ho, wo = -(-h // sh), -(-w // sw)
+            ph = max((ho - 1) * sh + kh - h, 0)
+            pw = max((wo - 1) * sw + kw - w, 0)
+            x = jnp.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)))
+        else:
+            ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+        patches = jnp.stack(
+            [
+                x[:, i : i + (ho - 1) * sh + 1 : sh, j : j + (wo - 1) * sw + 1 : sw, :]
+                for i in range(kh)
+                for j in range(kw)
+            ],
+            axis=3,
+        )  # [N, H', W', kh * kw, C]
+        return jnp.einsum("nhwpc,pco->nhwo", patches, kernel.reshape(kh * kw, c, -1)) + bias
+
+
 class MLP(nn.Module):
     """`obs [..., *obs_shape] -> [..., num_outputs]`: RLlib's fcnet on the flattened
     observation, or with `conv_filters` its vision net's conv stack first (obs `[..., H, W,
@@ -126,9 +162,7 @@ class MLP(nn.Module):
             conv_act = ACTIVATIONS[self.conv_activation]
             for i, (out, kernel, stride) in enumerate(self.conv_filters):
                 last = i == len(self.conv_filters) - 1
-                x = nn.Conv(out, tuple(kernel), tuple(stride), padding="VALID" if last else "SAME")(
-                    x
-                )
+                x = PatchConv(out, tuple(kernel), tuple(stride), same=not last, name=f"Conv_{i}")(x)
                 if conv_act is not None:
                     x = conv_act(x)
             x = x.reshape(*batch_shape, -1)
