@@ -459,20 +459,22 @@ def test_cli_trains_dqn_and_resumes(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dqn_learns_cartpole():
-    """Budget: 100 iterations (100.8k env steps, ~10-20 s here) of the CartPole-v1 preset,
-    seed 0. Measured: the 100-episode mean rises steadily to ~390 at 100k steps (random play:
-    ~22; 475 comes at ~120k, benchmarks/README.md); with RLlib's Huber loss instead of the
-    preset's MSE the Q values diverge and the mean stays below ~25 (see the README's DQN
-    section), so a bar of 350 tells the two apart."""
+    """Budget: 160 iterations (161k env steps, ~10 s here) of the CartPole-v1 preset, seed 0,
+    stopping at 475. Measured: the 100-episode mean reaches 475 at iteration 138 (139k env
+    steps; seed 1 at 184k; 3 seeds vmapped in benchmarks/algorithms.py: 119k / 175k / 182k);
+    random play: ~22. With RLlib's Huber loss instead of the preset's MSE the Q values
+    diverge and the mean stays below ~25 (see the README's DQN section)."""
     plan = dqn_plan(env="CartPole-v1")
     assert plan.workers.policies["default_policy"].config.td_error_loss_fn == "mse"
     state = plan.init(jax.random.PRNGKey(0))
     step = jax.jit(plan.step)
     best = -np.inf
-    for _ in range(100):
+    for _ in range(160):
         state, res = step(state)
         best = max(best, float(res["episode_reward_mean"]))
-    assert best >= 350, best
+        if best >= 475:
+            break
+    assert best >= 475, best
 
 
 def test_config_errors_name_the_key():
