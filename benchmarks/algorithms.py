@@ -17,7 +17,6 @@ the algorithm's steady work per env step, and `final` shows whether the preset h
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,15 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Column, aot_compile, environment, format_table, timed, write_jsonl  # noqa: E402
+from common import (  # noqa: E402
+    Column,
+    aot_compile,
+    config_override,
+    environment,
+    format_table,
+    timed,
+    write_jsonl,
+)
 
 import jaxplan  # noqa: E402
 from jaxplan.algorithms import ALGORITHM_NAMES, get_algorithm  # noqa: E402
@@ -71,16 +78,6 @@ def measure(
     }
 
 
-def _override(text: str) -> tuple[str, object]:
-    key, sep, raw = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--config wants KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
@@ -90,7 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", nargs="+", default=None, choices=ALGORITHM_NAMES)
     parser.add_argument(
         "--config",
-        type=_override,
+        type=config_override,
         action="append",
         default=[],
         metavar="KEY=VALUE",

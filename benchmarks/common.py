@@ -204,6 +204,17 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> No
 
 
 # ---- command line -------------------------------------------------------------------------
+def config_override(text: str) -> tuple[str, object]:
+    """argparse type of `--config KEY=VALUE`: the value as JSON if it parses, else the text."""
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--config wants KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--results-dir",

@@ -30,7 +30,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import add_common_args, aot_compile, apply_common_args, print_table, timed, write_jsonl
+from common import (
+    add_common_args,
+    aot_compile,
+    apply_common_args,
+    config_override,
+    print_table,
+    timed,
+    write_jsonl,
+)
 
 import jaxplan
 from jaxplan.stages.concat_batches import num_rounds
@@ -105,16 +113,6 @@ def plot(rows: list[dict], path: Path, title: str, target: float) -> None:
     plt.close(fig)
 
 
-def _override(text: str) -> tuple[str, object]:
-    key, sep, raw = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--config wants KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
@@ -126,7 +124,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--config",
-        type=_override,
+        type=config_override,
         action="append",
         default=[],
         metavar="KEY=VALUE",

@@ -21,8 +21,8 @@ def test_a_tiny_row():
 def test_config_overrides_every_preset():
     """`--config KEY=VALUE` reaches the plan: a 512-step batch fits once in 768 steps (the
     preset's 256-step batch three times)."""
-    assert algorithms._override("model.conv_filters=[]") == ("model.conv_filters", [])
-    assert algorithms._override("lr=0.001") == ("lr", 0.001)
+    assert algorithms.config_override("model.conv_filters=[]") == ("model.conv_filters", [])
+    assert algorithms.config_override("lr=0.001") == ("lr", 0.001)
     row = algorithms.measure(
         "a2c", "CartPole-v1", [0], budget=768, target=475.0, overrides={"train_batch_size": 512}
     )

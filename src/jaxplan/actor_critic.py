@@ -92,6 +92,20 @@ class ActorCriticPolicy:
             hparams.lambda_,
         )
 
+    def vtrace_targets(self, target_params: Any, traj: sb.SampleBatch, fragment: tuple):
+        """V-trace `(value_targets, advantages)` (`[T, *B]` each) of a fragment
+        (`fragment_values`' tuple), with `target_params`' policy as the target policy and the
+        acting policy's log-probs from `traj`; the config's clip thresholds."""
+        inputs = self.net.policy(target_params, traj[sb.OBS])
+        return vtrace(
+            traj[sb.ACTION_LOGP],
+            self.dist.log_prob(inputs, traj[sb.ACTIONS]),
+            *fragment,
+            clip_rho_threshold=self.config.vtrace_clip_rho_threshold,
+            clip_c_threshold=self.config.vtrace_clip_c_threshold,
+            clip_pg_rho_threshold=self.config.vtrace_clip_pg_rho_threshold,
+        )
+
     def postprocess_trajectory(self, params: Any, hparams: Any, traj: sb.SampleBatch):
         """Adds `vf_preds`, and truncation-correct GAE `advantages` and `value_targets` over
         the time axis (`jaxplan.gae`); with the config's `vtrace` (PPO async, IMPALA), V-trace
@@ -99,15 +113,7 @@ class ActorCriticPolicy:
         that acted (their log-probs are in the trajectory) not being `params`."""
         fragment = self.fragment_values(params, hparams, traj)
         if getattr(self.config, "vtrace", False):
-            inputs = self.net.policy(params, traj[sb.OBS])
-            value_targets, advantages = vtrace(
-                traj[sb.ACTION_LOGP],
-                self.dist.log_prob(inputs, traj[sb.ACTIONS]),
-                *fragment,
-                clip_rho_threshold=self.config.vtrace_clip_rho_threshold,
-                clip_c_threshold=self.config.vtrace_clip_c_threshold,
-                clip_pg_rho_threshold=self.config.vtrace_clip_pg_rho_threshold,
-            )
+            value_targets, advantages = self.vtrace_targets(params, traj, fragment)
         else:
             advantages, value_targets = compute_gae(*fragment)
         return {

@@ -15,7 +15,6 @@ from jaxplan.appo.loss import appo_loss
 from jaxplan.envs import ActionSpace
 from jaxplan.gae import compute_gae
 from jaxplan.policy import PolicyState
-from jaxplan.vtrace import vtrace
 
 MODEL, TARGET = "model", "target"
 
@@ -80,16 +79,8 @@ class APPOPolicy(ActorCriticPolicy):
         if not self.config.use_gae:
             lambda_ = 1.0
         fragment = (rewards, values, next_values, terminated, truncated, gamma, lambda_)
-        if self.vtrace:
-            target = self.net.policy(params[TARGET], traj[sb.OBS])
-            value_targets, advantages = vtrace(
-                traj[sb.ACTION_LOGP],
-                self.dist.log_prob(target, traj[sb.ACTIONS]),
-                *fragment,
-                clip_rho_threshold=self.config.vtrace_clip_rho_threshold,
-                clip_c_threshold=self.config.vtrace_clip_c_threshold,
-                clip_pg_rho_threshold=self.config.vtrace_clip_pg_rho_threshold,
-            )
+        if self.vtrace:  # the target network is V-trace's target policy (RLlib's APPO)
+            value_targets, advantages = self.vtrace_targets(params[TARGET], traj, fragment)
         else:
             advantages, value_targets = compute_gae(*fragment)
         return {
