@@ -65,6 +65,24 @@ class QNetwork(nn.Module):
         return value + advantages - jnp.mean(advantages, axis=-1, keepdims=True)
 
 
+def nstep_postprocess(
+    traj: sb.SampleBatch, terminateds: jax.Array, gamma: jax.Array, n_step: int
+) -> sb.SampleBatch:
+    """A time-major fragment `[T, *B]` as n-step transitions (`dqn.loss.nstep_transitions`,
+    with `terminateds` as the rows' terminal flags): `rewards`, `new_obs` and `terminateds`
+    become the n-step ones, `n_steps` their step counts (DQN's and SAC's postprocessing)."""
+    rewards, next_obs, terminateds, steps = dqn_loss.nstep_transitions(
+        traj[sb.REWARDS], traj[sb.NEXT_OBS], terminateds, traj[sb.TRUNCATEDS], gamma, n_step
+    )
+    return {
+        **traj,
+        sb.REWARDS: rewards,
+        sb.NEXT_OBS: next_obs,
+        sb.TERMINATEDS: terminateds,
+        N_STEPS: steps,
+    }
+
+
 class DQNPolicy:
     """Implements `jaxplan.policy.Policy` for DQN (static: shapes and fixed options).
 
@@ -157,24 +175,8 @@ class DQNPolicy:
 
     # ---- learning -----------------------------------------------------------------------
     def postprocess_trajectory(self, params: Any, hparams: DQNHParams, traj: sb.SampleBatch):
-        """n-step transitions over the fragment's time axis (`dqn.loss.nstep_transitions`):
-        `rewards`, `new_obs` and `terminateds` become the n-step ones, `n_steps` their step
-        counts."""
-        rewards, next_obs, terminateds, steps = dqn_loss.nstep_transitions(
-            traj[sb.REWARDS],
-            traj[sb.NEXT_OBS],
-            traj[sb.TERMINATEDS],
-            traj[sb.TRUNCATEDS],
-            hparams.gamma,
-            self.config.n_step,
-        )
-        return {
-            **traj,
-            sb.REWARDS: rewards,
-            sb.NEXT_OBS: next_obs,
-            sb.TERMINATEDS: terminateds,
-            N_STEPS: steps,
-        }
+        """n-step transitions over the fragment's time axis (`nstep_postprocess`)."""
+        return nstep_postprocess(traj, traj[sb.TERMINATEDS], hparams.gamma, self.config.n_step)
 
     def loss(
         self,

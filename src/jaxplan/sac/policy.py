@@ -15,8 +15,7 @@ import optax
 
 from jaxplan import batch as sb
 from jaxplan import devices
-from jaxplan.dqn import loss as dqn_loss
-from jaxplan.dqn.policy import N_STEPS, PRIO_WEIGHTS
+from jaxplan.dqn.policy import N_STEPS, PRIO_WEIGHTS, nstep_postprocess
 from jaxplan.envs import ActionSpace, Box
 from jaxplan.models import ACTIVATIONS
 from jaxplan.policy import PolicyState
@@ -177,21 +176,7 @@ class SACPolicy:
         terminateds = traj[sb.TERMINATEDS]
         if self.config.no_done_at_end:
             terminateds = jnp.zeros_like(terminateds)
-        rewards, next_obs, terminateds, steps = dqn_loss.nstep_transitions(
-            traj[sb.REWARDS],
-            traj[sb.NEXT_OBS],
-            terminateds,
-            traj[sb.TRUNCATEDS],
-            hparams.gamma,
-            self.config.n_step,
-        )
-        return {
-            **traj,
-            sb.REWARDS: rewards,
-            sb.NEXT_OBS: next_obs,
-            sb.TERMINATEDS: terminateds,
-            N_STEPS: steps,
-        }
+        return nstep_postprocess(traj, terminateds, hparams.gamma, self.config.n_step)
 
     def loss(
         self,

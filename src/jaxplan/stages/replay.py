@@ -118,8 +118,10 @@ class LocalReplayBuffer(SharedState):
                 f"replay_batch_size (train_batch_size: {replay_batch_size}) does not split "
                 f"evenly across {n} devices; use a multiple of {n}"
             )
+        self.round_rows = {}  # on a mesh: per policy, the rows of one rollout round
         for pid in workers.policies if n > 1 else ():
             rows = workers.round_env_steps * workers.rows_per_env_step(pid)
+            self.round_rows[pid] = rows
             if capacity % rows:
                 raise ValueError(
                     f"buffer_size ({capacity}) must be a multiple of one rollout round's rows "
@@ -158,22 +160,21 @@ class LocalReplayBuffer(SharedState):
 
         meta = {}
 
-        def round_rows(s):  # one rollout round's rows (this device's on a mesh)
+        def one_round(s):  # one rollout round's rows (this device's on a mesh)
             batch = rollouts.apply(s.replace(stages={}), None, None)[2]
             meta["time_steps"] = batch.time_steps  # static: how device shards interleave
             return batch.policy_batches
 
         if self.axis is not None:  # every device's rows, concatenated: the global round
-            round_rows = jax.shard_map(
-                round_rows,
+            one_round = jax.shard_map(
+                one_round,
                 mesh=self.workers.mesh,
                 in_specs=(self.workers.state_specs(),),
                 out_specs=P(self.axis),
             )
-        shapes = jax.eval_shape(round_rows, state.replace(stages={}))
+        shapes = jax.eval_shape(one_round, state.replace(stages={}))
         self.time_steps = meta["time_steps"]
         storage = {}
-        self.round_rows = {}
         for pid, rows in shapes.items():
             n = batch_rows(rows)
             if n > self.capacity:
@@ -181,8 +182,6 @@ class LocalReplayBuffer(SharedState):
                     f"buffer_size ({self.capacity}) is smaller than one rollout batch of "
                     f"policy {pid!r} ({n} rows)"
                 )
-            assert self.num_shards == 1 or self.capacity % n == 0  # checked in __init__
-            self.round_rows[pid] = n
             storage[pid] = {
                 k: jnp.zeros((self.capacity, *v.shape[1:]), v.dtype) for k, v in rows.items()
             }
