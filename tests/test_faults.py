@@ -23,7 +23,7 @@ from jaxplan import cli
 from jaxplan.envs import Env
 from jaxplan.policy import PolicyState
 from jaxplan.ppo.config import PPOConfig
-from jaxplan.stages.train_one_step import NONFINITE_STATS, sgd_epochs
+from jaxplan.stages.train_one_step import NONFINITE_STATS, all_finite, sgd_epochs
 
 TINY = [
     "--config",
@@ -349,3 +349,33 @@ def test_buffers_that_cannot_fit_in_memory_are_refused_before_compiling(capsys):
     assert "the run needs about" in msg and "GiB available" in msg, msg
     assert "num_envs_per_worker" in msg
     assert time.perf_counter() - t0 < 60
+
+
+def test_all_finite_checks_every_float_leaf_whatever_its_dtype_or_shape():
+    """The one-vector check (`all_finite` concatenates the float leaves) agrees with a
+    per-leaf numpy check: a bad value in any leaf, of any float dtype, is found; integer and
+    bool leaves are ignored; a tree without float leaves is finite."""
+    tree = {
+        "w": jnp.ones((3, 4)),
+        "b": jnp.zeros((4,), jnp.bfloat16),
+        "count": jnp.int32(7),
+        "flag": jnp.array([True, False]),
+        "s": jnp.float32(2.0),
+    }
+    assert bool(jax.jit(all_finite)(tree))
+    for leaf, index, bad in [
+        ("w", (2, 3), np.nan),
+        ("b", (0,), np.inf),
+        ("s", (), -np.inf),
+    ]:
+        broken = dict(tree)
+        broken[leaf] = tree[leaf].at[index].set(bad)
+        expected = all(
+            np.all(np.isfinite(np.asarray(x, np.float64)))
+            for x in jax.tree.leaves(broken)
+            if jnp.issubdtype(x.dtype, jnp.inexact)
+        )
+        assert expected is False
+        assert not bool(jax.jit(all_finite)(broken)), leaf
+    assert bool(all_finite({"n": jnp.int32(1), "m": jnp.array([True])}))
+    assert bool(all_finite({}))

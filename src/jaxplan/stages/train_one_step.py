@@ -51,13 +51,20 @@ NONFINITE_CODE = "first_nonfinite_stat"
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """bool scalar: every float leaf of `tree` is finite (True without float leaves)."""
-    checks = [
-        jnp.all(jnp.isfinite(x))
+    """bool scalar: every float leaf of `tree` is finite (True without float leaves).
+
+    The leaves are checked as one concatenated vector: one fused loop instead of an
+    `isfinite` and a reduction per leaf (a PPO minibatch step checks ~30 leaves)."""
+    leaves = [
+        jnp.ravel(x)
         for x in jax.tree.leaves(tree)
         if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
     ]
-    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+    if not leaves:
+        return jnp.bool_(True)
+    dtype = jnp.result_type(*leaves)
+    flat = jnp.concatenate([x.astype(dtype) for x in leaves]) if len(leaves) > 1 else leaves[0]
+    return jnp.all(jnp.isfinite(flat))
 
 
 def nonfinite_code(
