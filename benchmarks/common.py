@@ -47,6 +47,20 @@ class Compiled:
     def total_s(self) -> float:
         return self.lower_s + self.compile_s
 
+    def memory_bytes(self) -> int | None:
+        """The program's memory by XLA's buffer assignment (arguments + outputs + temporaries,
+        less outputs aliased to donated arguments): what one execution needs on its device
+        (host memory on the CPU), independent of the machine's load; None if the backend does
+        not report it."""
+        try:
+            m = self.fn.memory_analysis()
+        except Exception:  # noqa: BLE001 - optional on some backends
+            return None
+        if m is None:
+            return None
+        total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+        return int(total - m.alias_size_in_bytes)
+
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
 
@@ -91,6 +105,7 @@ def measure(name, fn, arg, runs: int, env_steps: int, extra: dict | None = None)
         "run_s_min": min(times),
         "env_steps": env_steps,
         "steps_per_s": env_steps / run_s,
+        "program_bytes": compiled.memory_bytes(),
         **(extra or {}),
     }
     return row, out

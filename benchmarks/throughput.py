@@ -24,8 +24,24 @@ Cases, each the whole run (the same env steps per seed) as one `lax.scan` progra
                          (acting without the network)
   ppo_vmap8              the `ppo` run for 8 seeds `vmap`ped in one program; steps/s summed
 
+Wide acting, 2048 envs (8 workers x 256 envs x 128 steps = 262,144 env steps per iteration,
+`--wide-iterations` iterations, default 8):
+
+  ppo_2048               PPO training at that width: train batch 262,144, 4 epochs x 4
+                         minibatches of 65,536 (FIXED_WORK's shape, 256x wider)
+  sample_only_2048       `sample_only_plan(workers, mode="bulk_sync")` with the PPO policy
+  random_2048            the same with `RandomPolicy` (acting without the network)
+  gymnax_random_2048     the yardstick: a raw gymnax rollout of the same size written as a
+                         user would (`vmap(env.step)` over 2048 envs with random actions from
+                         `vmap(action_space.sample)`, `lax.scan` over 128 steps keeping obs,
+                         action, reward and done, gymnax's own auto-reset), no jaxplan; its
+                         steps/s over `random_2048`'s is `random_2048`'s gap to raw gymnax
+
 For each: compile_s = AOT trace+lower+compile, run_s = median wall time of executing the
-compiled program (`--repeats` times, each from the same initial key, waiting for the results).
+compiled program (`--repeats` times, each from the same initial key, waiting for the results),
+program_MiB = the compiled program's memory by XLA's buffer assignment (arguments + outputs +
+temporaries: the host memory one execution needs on the CPU, load-independent); the run also
+prints the process's peak resident memory.
 
     python benchmarks/throughput.py            # 500k steps per seed
     python benchmarks/throughput.py --quick    # 50k steps, a smoke run
@@ -35,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import sys
 
 import jax
@@ -88,7 +105,52 @@ SAMPLE_CASES: dict[str, tuple[str, str]] = {
     "sample_only_async": ("async", "ppo"),
     "random_async": ("async", "random"),
 }
-CASES = (*PPO_CASES, *SAMPLE_CASES, "ppo_vmap8")
+WIDE_ENVS = 2048  # 8 workers x 256 envs
+WIDE_CASES: dict[str, str | None] = {
+    "ppo_2048": "ppo training",
+    "sample_only_2048": "ppo",
+    "random_2048": "random",
+    "gymnax_random_2048": None,  # raw gymnax, no jaxplan
+}
+CASES = (*PPO_CASES, *SAMPLE_CASES, "ppo_vmap8", *WIDE_CASES)
+
+
+def gymnax_random_rollout(num_envs: int, length: int, iterations: int):
+    """A raw gymnax random-action rollout, as a user writes one without a framework:
+    `train(key)` runs `iterations` rollouts of `length` steps of `num_envs` envs (one `lax.scan`
+    each, gymnax's auto-reset, the transitions kept as the scan's outputs) and returns each
+    iteration's mean reward and done count (so no transition is dead code)."""
+    import gymnax
+
+    env, params = gymnax.make(ENV)
+    sample = jax.vmap(env.action_space(params).sample)
+    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def train(key):
+        key, reset_key = jax.random.split(key)
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(reset_key, num_envs), params
+        )
+
+        def env_step(carry, _):
+            key, obs, state = carry
+            key, act_key, step_key = jax.random.split(key, 3)
+            action = sample(jax.random.split(act_key, num_envs))
+            next_obs, state, reward, terminated, truncated, _ = step(
+                jax.random.split(step_key, num_envs), state, action, params
+            )
+            done = terminated | truncated
+            return (key, next_obs, state), (obs, action, reward, done)
+
+        def iteration(carry, _):
+            carry, (obs, action, reward, done) = jax.lax.scan(env_step, carry, None, length)
+            stats = (jnp.mean(reward), jnp.sum(done), jnp.sum(obs), jnp.sum(action))
+            return carry, stats
+
+        _, stats = jax.lax.scan(iteration, (key, obs, state), None, iterations)
+        return stats
+
+    return train
 
 
 def fixed_work_plan(min_steps: int, overrides: dict | None = None):
@@ -153,6 +215,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument(
+        "--wide-iterations",
+        type=int,
+        default=8,
+        help=f"iterations of the {WIDE_ENVS}-env cases ({WIDE_ENVS * 128:,} env steps each)",
+    )
+    parser.add_argument(
         "--unrolled-rng",
         action="store_true",
         help="lower threefry unrolled on the CPU (jaxplan.fast_rng) before compiling",
@@ -160,7 +228,7 @@ def main(argv=None) -> int:
     add_common_args(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.repeats = 50_000, 1
+        args.steps, args.repeats, args.wide_iterations = 50_000, 1, 2
     apply_common_args(args)
     if args.unrolled_rng:
         from jaxplan.fast_rng import use_unrolled_threefry
@@ -194,6 +262,49 @@ def main(argv=None) -> int:
             sample, iterations = sample_plan(row_config, mode, policy, steps)
             train = jaxplan.make_train(sample, iterations)
             row, (_, res) = measure(case, train, key, args.repeats, steps)
+        elif case in WIDE_CASES:
+            mode, policy = "bulk_sync", (WIDE_CASES[case] or "gymnax").split()[0]
+            iterations = args.wide_iterations
+            wide_envs = WIDE_ENVS // config.num_workers
+            row_config = config.updated({"num_envs_per_worker": wide_envs})
+            wide_steps = WIDE_ENVS * config.rollout_fragment_length * iterations
+            if case == "ppo_2048":
+                batch = WIDE_ENVS * config.rollout_fragment_length
+                row_config = config.updated(
+                    {
+                        "num_envs_per_worker": wide_envs,
+                        "train_batch_size": batch,
+                        "sgd_minibatch_size": batch // 4,
+                    }
+                )
+                train = jaxplan.make_train(jaxplan.ppo_plan(row_config), iterations)
+                row, (_, res) = measure(case, train, key, args.repeats, wide_steps)
+                check_steps(res, wide_steps)
+            elif WIDE_CASES[case] is None:
+                train = gymnax_random_rollout(WIDE_ENVS, config.rollout_fragment_length, iterations)
+                row, _ = measure(case, train, key, args.repeats, wide_steps)
+            else:
+                sample, n_wide = sample_plan(row_config, mode, policy, wide_steps)
+                assert n_wide == iterations, (n_wide, iterations)
+                train = jaxplan.make_train(sample, iterations)
+                row, (_, res) = measure(case, train, key, args.repeats, wide_steps)
+                check_steps(res, wide_steps)
+            row.update(
+                mode=mode,
+                policy=policy,
+                seeds=1,
+                iterations=iterations,
+                steps_per_seed=wide_steps,
+                config=row_config.to_dict(),
+                final_episode_reward_mean=None,
+            )
+            rows.append(row)
+            print(
+                f"#   {WIDE_ENVS} envs: compile {row['compile_s']:.1f} s, run {row['run_s']:.2f} s,"
+                f" {row['steps_per_s']:,.0f} steps/s",
+                flush=True,
+            )
+            continue
         else:
             mode, policy, seeds = config.rollout_mode, "ppo", NUM_SEEDS_VMAP
             seed_ids = jnp.arange(args.seed, args.seed + seeds, dtype=jnp.uint32)
@@ -217,8 +328,13 @@ def main(argv=None) -> int:
         )
 
     base = next((r["steps_per_s"] for r in rows if r["case"] == "ppo"), None)
+    raw = next((r["steps_per_s"] for r in rows if r["case"] == "gymnax_random_2048"), None)
     for r in rows:
         r["ratio_to_ppo"] = r["steps_per_s"] / base if base else None
+        wide = r["case"] in WIDE_CASES
+        r["ratio_to_gymnax"] = r["steps_per_s"] / raw if raw and wide else None
+        mem = r.get("program_bytes")
+        r["program_MiB"] = mem / 2**20 if mem is not None else None
 
     print()
     print_table(
@@ -231,9 +347,13 @@ def main(argv=None) -> int:
             ("env_steps", "env_steps", ","),
             ("steps_per_s", "steps_per_s", ",.0f"),
             ("ratio_to_ppo", "ratio_to_ppo", ".2f"),
+            ("ratio_to_gymnax", "ratio_to_gymnax", ".2f"),
+            ("program_MiB", "program_MiB", ",.1f"),
             ("final_R", "final_episode_reward_mean", ".1f"),
         ],
     )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(f"\n# peak resident memory of this process (all cases): {peak:,.0f} MiB")
     if not args.no_write:
         records = [{**r, "quick": args.quick} for r in rows]
         path = write_jsonl("throughput", records, args.results_dir)
