@@ -76,6 +76,12 @@ class TrainedPolicy:
         *observation_shape]` -> `[*B, ...]`): the distribution's mode (argmax / mean), or
         with `explore=True` a sample drawn with `key` (required then). Box actions are mapped
         onto the env's bounds as in training (`normalize_actions`) or clipped to them."""
+        if getattr(self.policy, "recurrent", False):
+            raise ValueError(
+                f"policy {self.policy_id!r} is recurrent (model.use_lstm): act() carries no "
+                "state from one call to the next; evaluate it with jaxplan.load_run(DIR)"
+                ".evaluate() or `jaxplan evaluate DIR`, which carry each env's state"
+            )
         obs = self._observations(obs)
         if explore and key is None:
             raise ValueError("act(obs, key, explore=True) samples actions: pass a PRNG key")
