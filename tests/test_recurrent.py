@@ -367,8 +367,9 @@ def test_cli_resume_and_evaluation(tmp_path, capsys):
     model = json.loads((a / "params.json").read_text())["config"]["model"]
     assert model["use_lstm"] is True and model["max_seq_len"] == 16
     policy = jaxplan.load_policy(a)
-    with pytest.raises(ValueError, match="recurrent"):
-        policy.act(np.zeros(4, np.float32))
+    for method in (policy.act, policy.value):
+        with pytest.raises(ValueError, match="is recurrent"):
+            method(np.zeros(4, np.float32))
     # RLlib's max_seq_len (20) does not cut the CartPole preset's 32-step fragments
     capsys.readouterr()
     assert cli.main(["train", "ppo", "--config", "model.use_lstm=true", "--stop-iters", "1"]) == 2

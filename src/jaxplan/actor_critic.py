@@ -80,12 +80,15 @@ class ActorCriticPolicy:
         self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True, state=None
     ):
         """`obs [*B, *obs_shape] -> (actions, extras)`; a recurrent policy acts from `state`
-        (`initial_state`'s fields, `[*B, ...]`; None: the initial state) and adds the state
-        after the step to the extras (`state_out_i`)."""
+        (`initial_state`'s fields, `[*B, ...]`: required, so that no caller acts statelessly
+        by mistake) and adds the state after the step to the extras (`state_out_i`)."""
         carry = {}
         if self.recurrent:
             if state is None:
-                state = self.initial_state(obs.shape[: obs.ndim - len(self.obs_shape)])
+                raise ValueError(
+                    "a recurrent policy (model.use_lstm) acts from its state: pass state= "
+                    "(initial_state(batch_shape) at an episode's start)"
+                )
             inputs, _, carry = self.net.step(params, obs, state)
         else:
             inputs = self.net.policy(params, obs)
