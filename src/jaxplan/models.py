@@ -3,7 +3,9 @@
 The default network is picked from the observation shape as RLlib's `ModelCatalog` does:
 rank-3 observations `[H, W, C]` get the vision net (a conv stack, then the fcnet layers),
 every other rank the fcnet (an MLP on the flattened observation). `build_model` returns an
-`ActorCriticNet`: a flax module as pure functions of `(params, obs)`.
+`ActorCriticNet`: a flax module as pure functions of `(params, obs)`. With `model.use_lstm`
+(RLlib's LSTM wrapper) it returns a `RecurrentNet` instead: that trunk under an LSTM or GRU
+cell, as pure functions of `(params, obs, state)` (`jaxplan.recurrent` replays it).
 
 Custom models (RLlib's `model.custom_model`)
 --------------------------------------------
