@@ -256,7 +256,11 @@ def test_shuffled_minibatches_hold_whole_sequences(monkeypatch):
             {"model": {"use_lstm": True, "custom_model": "jaxplan.models:ActorCritic"}},
             "not model.custom_model",
         ),
-        ("a2c", {"model": {"use_lstm": True}}, "not supported by A2C"),
+        (
+            "a2c",
+            {"microbatch_size": 100, "model": {"use_lstm": True}},
+            "microbatch_size.*not the sequences",
+        ),
         ("a3c", {"model": {"use_lstm": True}}, "not supported by A3C"),
         ("impala", {"model": {"use_lstm": True}}, "not supported by IMPALA"),
         ("appo", {"model": {"use_lstm": True}}, "not supported by APPO"),
@@ -398,3 +402,18 @@ def test_lstm_solves_the_memory_task_a_feed_forward_policy_cannot():
     _, results = jaxplan.train_seeds(mlp, [0, 1], iters)
     returns = np.asarray(results["episode_reward_mean"])
     assert (np.abs(returns[:, 5:]) < 0.3).all(), returns
+
+
+@pytest.mark.slow
+def test_a2c_lstm_solves_the_memory_task():
+    """A2C's recurrent preset (PPO's network, one gradient step on the whole batch of
+    sequences per iteration), seeds 0-1 vmapped: >= 0.9 by iteration ~40-50 (seeds 0-2
+    measured); budget 60 iterations (46k env steps, ~25 s with the compile), the mean of the
+    last 5 >= 0.85."""
+    from jaxplan.algorithms import get_algorithm
+
+    plan = get_algorithm("a2c").plan(env=MEMORY)
+    assert plan.workers.policies["default_policy"].recurrent
+    _, results = jaxplan.train_seeds(plan, [0, 1], 60)
+    returns = np.asarray(results["episode_reward_mean"])
+    assert (returns[:, -5:].mean(axis=1) >= 0.85).all(), returns

@@ -401,8 +401,8 @@ class TrainerConfig:
         check(
             type(self).supports_recurrent,
             "model.use_lstm",
-            f"recurrent policies are not supported by {name} (only PPO trains them: its "
-            "learner replays max_seq_len sequences); set model.use_lstm=false",
+            f"recurrent policies are not supported by {name} (PPO and A2C train them: "
+            "their TrainOneStep replays max_seq_len sequences); set model.use_lstm=false",
         )
         check(model.lstm_cell_size >= 1, "model.lstm_cell_size", "must be >= 1")
         check(model.max_seq_len >= 1, "model.max_seq_len", "must be >= 1")
