@@ -102,10 +102,9 @@ def test_every_preset_steps_with_the_types_it_starts_with(env):
     """`plan.step`'s output state has the input's shapes, dtypes and weak types, leaf for
     leaf: a jitted step (and a chunked CLI run) compiles once. gymnax Pendulum's reset state
     was weakly typed and cost a second compile."""
-    plan = jaxplan.ppo_plan(
-        {"train_batch_size": 64, "sgd_minibatch_size": 32, "rollout_fragment_length": 32},
-        env=env,
-    )
+    small = {"train_batch_size": 64, "sgd_minibatch_size": 32, "rollout_fragment_length": 32}
+    # a recurrent preset's sequences must cut the 32-step fragments (ignored by the others)
+    plan = jaxplan.ppo_plan({**small, "model": {"max_seq_len": 8}}, env=env)
     before = jax.eval_shape(plan.init, jax.random.PRNGKey(0))
     after, _ = jax.eval_shape(plan.step, before)
     flat_before, tree_before = jax.tree_util.tree_flatten_with_path(before)

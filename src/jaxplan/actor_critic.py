@@ -16,8 +16,9 @@ from jaxplan.config import HParams, TrainerConfig
 from jaxplan.distributions import distribution_for
 from jaxplan.envs import ActionSpace
 from jaxplan.gae import compute_gae
-from jaxplan.models import build_model
+from jaxplan.models import RecurrentNet, build_model
 from jaxplan.policy import PolicyState
+from jaxplan.recurrent import replay_fragment, replay_sequences
 from jaxplan.vtrace import vtrace
 
 
@@ -37,8 +38,11 @@ class ActorCriticPolicy:
         self.dist = distribution_for(action_space)
         self.config = config
         # the custom model or RLlib's default for the observation shape (jaxplan.models)
-        self.net = build_model(self.obs_shape, self.dist.num_inputs, config.model)
+        self.net = build_model(self.obs_shape, self.dist.num_inputs, config.model, action_space)
         self.model = self.net.module
+        # recurrent (`model.use_lstm`): the learner replays sequences of `max_seq_len` steps
+        self.recurrent = isinstance(self.net, RecurrentNet)
+        self.max_seq_len = config.model.max_seq_len if self.recurrent else None
         # Adam without its learning rate: the (traced) lr is applied in `apply_gradients`.
         # `optax.flatten` runs the optimizer on one vector of all params: the same update, but
         # one set of kernels instead of one per parameter array (less compile and run time).
@@ -60,11 +64,34 @@ class ActorCriticPolicy:
         )
 
     def value(self, params: Any, obs: jax.Array) -> jax.Array:
-        """The critic's values: `obs [*B, *obs_shape] -> [*B]`."""
+        """The critic's values: `obs [*B, *obs_shape] -> [*B]` (recurrent: from the initial
+        state, as at an episode's first step)."""
+        if self.recurrent:
+            state = self.initial_state(obs.shape[: obs.ndim - len(self.obs_shape)])
+            return self.net.step(params, obs, state)[1]
         return self.net.value(params, obs)
 
-    def compute_actions(self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True):
-        inputs = self.net.policy(params, obs)
+    def initial_state(self, batch_shape: tuple[int, ...]) -> dict[str, jax.Array]:
+        """The recurrent state of `batch_shape` envs at an episode's start, as batch fields
+        (`jaxplan.models.RecurrentNet.initial_state`); `{}` for a feed-forward policy."""
+        return self.net.initial_state(tuple(batch_shape)) if self.recurrent else {}
+
+    def compute_actions(
+        self, params: Any, obs: jax.Array, key: jax.Array, *, explore=True, state=None
+    ):
+        """`obs [*B, *obs_shape] -> (actions, extras)`; a recurrent policy acts from `state`
+        (`initial_state`'s fields, `[*B, ...]`: required, so that no caller acts statelessly
+        by mistake) and adds the state after the step to the extras (`state_out_i`)."""
+        carry = {}
+        if self.recurrent:
+            if state is None:
+                raise ValueError(
+                    "a recurrent policy (model.use_lstm) acts from its state: pass state= "
+                    "(initial_state(batch_shape) at an episode's start)"
+                )
+            inputs, _, carry = self.net.step(params, obs, state)
+        else:
+            inputs = self.net.policy(params, obs)
         if explore:
             actions = self.dist.sample(key, inputs)
         else:
@@ -72,13 +99,37 @@ class ActorCriticPolicy:
         extras = {
             sb.ACTION_LOGP: self.dist.log_prob(inputs, actions),
             sb.ACTION_DIST_INPUTS: inputs,
+            **carry,
         }
         return actions, extras
+
+    def forward(self, params: Any, batch: sb.SampleBatch) -> tuple:
+        """The learner's pass over a minibatch: `(action_dist_inputs [N, D], values [N],
+        rows)` where `rows` is the minibatch as `N` rows. Feed-forward: `batch` is rows. Recurrent:
+        `batch` is sequences (`jaxplan.recurrent.to_sequences`: fields `[S, L, ...]`, the
+        `state_in_i` `[S, ...]`), replayed from their stored start states with the state reset
+        after every episode end inside a sequence; `N = S x L`, time-major within each sequence."""
+        if not self.recurrent:
+            inputs, values = self.net(params, batch[sb.OBS])
+            return inputs, values, batch
+        return replay_sequences(self.net, params, batch)
 
     def fragment_values(self, params: Any, hparams: Any, traj: sb.SampleBatch) -> tuple:
         """The inputs of `compute_gae` (and `vtrace`) for a time-major trajectory `[T, *B]`:
         `(rewards, vf_preds, next_values, terminateds, truncateds, gamma, lambda_)`, the
-        values of every observation and every reached one from one batched critic call."""
+        values of every observation and every reached one from one batched critic call
+        (recurrent: from the replay of the fragment, `jaxplan.recurrent.replay_fragment`)."""
+        if self.recurrent:
+            _, vf_preds, next_values = replay_fragment(self.net, params, traj, self.max_seq_len)
+            return (
+                traj[sb.REWARDS],
+                vf_preds,
+                next_values,
+                traj[sb.TERMINATEDS],
+                traj[sb.TRUNCATEDS],
+                hparams.gamma,
+                hparams.lambda_,
+            )
         obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
         values = self.net.value(params, obs_and_next)
         vf_preds, next_values = jnp.split(values, 2, axis=0)
@@ -96,7 +147,10 @@ class ActorCriticPolicy:
         """V-trace `(value_targets, advantages)` (`[T, *B]` each) of a fragment
         (`fragment_values`' tuple), with `target_params`' policy as the target policy and the
         acting policy's log-probs from `traj`; the config's clip thresholds."""
-        inputs = self.net.policy(target_params, traj[sb.OBS])
+        if self.recurrent:
+            inputs = replay_fragment(self.net, target_params, traj, self.max_seq_len)[0]
+        else:
+            inputs = self.net.policy(target_params, traj[sb.OBS])
         return vtrace(
             traj[sb.ACTION_LOGP],
             self.dist.log_prob(inputs, traj[sb.ACTIONS]),

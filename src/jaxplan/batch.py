@@ -27,6 +27,21 @@ VF_PREDS = "vf_preds"
 ADVANTAGES = "advantages"
 VALUE_TARGETS = "value_targets"
 POLICY_VERSION = "policy_version"  # int32: version of the params that acted (policy lag)
+# recurrent policies (`model.use_lstm`): the state a row's step started from, RLlib's names
+PREV_ACTIONS = "prev_actions"  # the previous step's action (zero at an episode's first step)
+PREV_REWARDS = "prev_rewards"  # the previous step's (clipped) reward (zero at the first step)
+
+
+def state_in(i: int) -> str:
+    """RLlib's `state_in_{i}`: the recurrent state's `i`-th array before a step (LSTM: 0 is
+    `h`, 1 is `c`; GRU: 0 is `h`)."""
+    return f"state_in_{i}"
+
+
+def state_out(i: int) -> str:
+    """RLlib's `state_out_{i}`: the recurrent state's `i`-th array after a step."""
+    return f"state_out_{i}"
+
 
 SampleBatch = dict[str, jax.Array]
 """Field name -> array `[rows, ...]`; all fields have the same number of rows."""

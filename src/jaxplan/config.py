@@ -30,7 +30,7 @@ import yaml
 
 from jaxplan.batch import DEFAULT_POLICY_ID
 from jaxplan.filters import OBSERVATION_FILTERS
-from jaxplan.models import ACTIVATIONS, ConvFilter, model_name, resolve_model
+from jaxplan.models import ACTIVATIONS, CELL_TYPES, ConvFilter, model_name, resolve_model
 from jaxplan.multi_agent import is_custom_env, is_multi_agent_env
 from jaxplan.stages.concat_batches import COUNT_STEPS_BY
 
@@ -84,7 +84,13 @@ class ModelConfig:
     10x10 (MinAtar): MinAtar's one 16-channel 3x3 conv); `[]` flattens images into the fcnet
     (jaxplan's; RLlib has no such setting). `custom_model` replaces the default network: a
     name given to `jaxplan.register_model`, an import path `"module:attribute"`, or in Python
-    a flax module class or factory; `custom_model_config` is passed to it."""
+    a flax module class or factory; `custom_model_config` is passed to it.
+
+    `use_lstm` (RLlib's) puts a recurrent cell of `lstm_cell_size` units on top of the default
+    network (`jaxplan.models.RecurrentActorCritic`; `lstm_cell_type` "lstm" or "gru", a
+    jaxplan key), fed the previous action and reward with `lstm_use_prev_action` /
+    `lstm_use_prev_reward`; the learner replays `max_seq_len`-step sequences from their stored
+    start state (`jaxplan.recurrent`)."""
 
     fcnet_hiddens: tuple[int, ...] = (256, 256)
     fcnet_activation: str = "tanh"
@@ -93,6 +99,14 @@ class ModelConfig:
     conv_activation: str = "relu"
     custom_model: Any = None
     custom_model_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # recurrent policies (RLlib's keys; jaxplan.models.RecurrentNet): the default network under
+    # an LSTM, trained on chunks of max_seq_len steps; lstm_cell_type "gru" is jaxplan's key
+    use_lstm: bool = False
+    lstm_cell_size: int = 256
+    max_seq_len: int = 20
+    lstm_use_prev_action: bool = False
+    lstm_use_prev_reward: bool = False
+    lstm_cell_type: str = "lstm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +338,8 @@ class TrainerConfig:
             "model.conv_filters",
             "channels, kernel sizes and strides must be >= 1",
         )
+        if self.model.use_lstm:
+            self._check_recurrent()
         if self.model.custom_model is not None:
             try:
                 resolve_model(self.model.custom_model)
@@ -374,6 +390,45 @@ class TrainerConfig:
                 except ValueError as e:
                     raise ValueError(f"multiagent.policies.{pid}: {e}") from None
         return self
+
+    supports_recurrent: typing.ClassVar[bool] = False
+    """Whether the algorithm trains `model.use_lstm` policies (its learner replays sequences)."""
+
+    def _check_recurrent(self) -> None:
+        """`model.use_lstm`'s keys, and that the algorithm and the rollouts support it."""
+        check, model = self.check, self.model
+        name = type(self).__name__.removesuffix("Config")
+        check(
+            type(self).supports_recurrent,
+            "model.use_lstm",
+            f"recurrent policies are not supported by {name} (PPO and A2C train them: "
+            "their TrainOneStep replays max_seq_len sequences); set model.use_lstm=false",
+        )
+        check(model.lstm_cell_size >= 1, "model.lstm_cell_size", "must be >= 1")
+        check(model.max_seq_len >= 1, "model.max_seq_len", "must be >= 1")
+        check(
+            model.lstm_cell_type in CELL_TYPES,
+            "model.lstm_cell_type",
+            f"must be one of {list(CELL_TYPES)}",
+        )
+        check(
+            model.custom_model is None,
+            "model.use_lstm",
+            "wraps the default network, not model.custom_model (build the recurrence into the "
+            "custom model)",
+        )
+        check(
+            self.rollout_fragment_length % model.max_seq_len == 0,
+            "model.max_seq_len",
+            f"must divide rollout_fragment_length ({self.rollout_fragment_length}): a fragment "
+            "is cut into whole sequences (no zero-padding); e.g. max_seq_len="
+            f"{_divisor_near(self.rollout_fragment_length, model.max_seq_len)}",
+        )
+
+
+def _divisor_near(n: int, want: int) -> int:
+    """The divisor of `n` closest to `want` (the smaller one on a tie)."""
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), d))
 
 
 class HParams:

@@ -3,7 +3,9 @@
 The default network is picked from the observation shape as RLlib's `ModelCatalog` does:
 rank-3 observations `[H, W, C]` get the vision net (a conv stack, then the fcnet layers),
 every other rank the fcnet (an MLP on the flattened observation). `build_model` returns an
-`ActorCriticNet`: a flax module as pure functions of `(params, obs)`.
+`ActorCriticNet`: a flax module as pure functions of `(params, obs)`. With `model.use_lstm`
+(RLlib's LSTM wrapper) it returns a `RecurrentNet` instead: that trunk under an LSTM or GRU
+cell, as pure functions of `(params, obs, state)` (`jaxplan.recurrent` replays it).
 
 Custom models (RLlib's `model.custom_model`)
 --------------------------------------------
@@ -49,6 +51,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from jaxplan import batch as sb
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "elu": nn.elu, "swish": nn.swish, "linear": None}
 
@@ -245,7 +249,9 @@ def _is_conv(name: tuple[str, ...]) -> bool:
     return name[-1] == "kernel" and name[-2].startswith("Conv_")
 
 
-def init_actor_critic(model: ActorCritic, key: jax.Array, obs_shape: tuple[int, ...]):
+def init_actor_critic(
+    model: nn.Module, key: jax.Array, obs_shape: tuple[int, ...], *example: jax.Array
+):
     """Params of `model` with RLlib's inits and zero biases: dense kernels by
     `normc_initializer` (each kernel column, one unit's incoming weights, is a normal draw
     scaled to norm `std`), conv kernels Glorot-uniform (RLlib's `SlimConv2d`: xavier_uniform,
@@ -254,9 +260,10 @@ def init_actor_critic(model: ActorCritic, key: jax.Array, obs_shape: tuple[int, 
     All dense kernels come from one normal draw with `key` sliced per layer (conv kernels from
     one uniform draw with `fold_in(key, 1)`): the same distribution as a draw per layer, but
     one random-number kernel for XLA to compile instead of one per layer shape (about 1.5-3 s
-    less compile time on a 2-core CPU).
+    less compile time on a 2-core CPU). `example`: more inputs of `model.init` after the
+    observations (the recurrent model's).
     """
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape)))
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape)), *example)
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     names = [tuple(k.key for k in path) for path, _ in flat]
 
@@ -289,6 +296,180 @@ def init_actor_critic(model: ActorCritic, key: jax.Array, obs_shape: tuple[int, 
         std = _kernel_std(model, name[1:])  # drop the "params" collection
         leaves.append(w * (std / jnp.sqrt(jnp.sum(jnp.square(w), axis=0, keepdims=True))))
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+# ---- recurrent models (RLlib's `use_lstm`) ---------------------------------------------------
+CELL_TYPES = ("lstm", "gru")
+"""`model.lstm_cell_type` (a jaxplan key): flax's `OptimizedLSTMCell` or `GRUCell`."""
+
+
+class RecurrentActorCritic(nn.Module):
+    """RLlib's `use_lstm` wrapper: the fcnet (or vision net) trunk without its output layer
+    (its last hidden layer's activations), then the previous action (one-hot for `Discrete`)
+    and reward if asked, then one recurrent cell of `cell_size` units; the policy logits and
+    the value are two linear heads on the cell's output (RLlib's LSTM wrapper reads its value
+    from the LSTM output too, whatever `vf_share_layers` says).
+
+    `carry` is flax's (LSTM: `(c, h)`; GRU: `h`), `[*B, cell_size]` arrays. Methods:
+    `features(obs, prev_actions, prev_rewards) -> [*B, F]`, `cell_step(carry, x) -> (carry,
+    y)`, `heads(y) -> (action_dist_inputs [*B, num_outputs], value [*B])`; `__call__` is one
+    step of all three (for `init`)."""
+
+    hiddens: Sequence[int]
+    activation: str
+    num_outputs: int
+    obs_ndim: int
+    cell_size: int
+    cell_type: str = "lstm"
+    conv_filters: Sequence[ConvFilter] = ()
+    conv_activation: str = "relu"
+    prev_action_size: int = 0  # 0: no previous action; `Discrete(n)`: n (one-hot); Box: dims
+    prev_action_discrete: bool = True
+    use_prev_reward: bool = False
+
+    def setup(self):
+        convs = {"conv_filters": self.conv_filters, "conv_activation": self.conv_activation}
+        self.torso = MLP(
+            self.hiddens[:-1], self.activation, self.hiddens[-1], self.obs_ndim, **convs
+        )
+        if self.cell_type == "lstm":
+            self.cell = nn.OptimizedLSTMCell(self.cell_size)
+        else:
+            self.cell = nn.GRUCell(self.cell_size)
+        self.pi_head = nn.Dense(self.num_outputs)
+        self.v_head = nn.Dense(1)
+
+    def features(self, obs, prev_actions=None, prev_rewards=None):
+        x = self.torso(obs)
+        act = ACTIVATIONS[self.activation]
+        parts = [act(x) if act is not None else x]
+        batch = x.shape[:-1]
+        if self.prev_action_size:
+            if self.prev_action_discrete:
+                parts.append(jax.nn.one_hot(prev_actions, self.prev_action_size))
+            else:
+                parts.append(prev_actions.reshape(*batch, -1).astype(jnp.float32))
+        if self.use_prev_reward:
+            parts.append(prev_rewards.astype(jnp.float32)[..., None])
+        return jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+
+    def cell_step(self, carry, x):
+        return self.cell(carry, x)
+
+    def heads(self, y):
+        return self.pi_head(y), self.v_head(y)[..., 0]
+
+    def __call__(self, obs, carry, prev_actions=None, prev_rewards=None):
+        carry, y = self.cell_step(carry, self.features(obs, prev_actions, prev_rewards))
+        return self.heads(y), carry
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentNet:
+    """A `RecurrentActorCritic` as pure functions of params and the recurrent state, which is
+    a dict of batch fields (`initial_state`): `state_in_0` (`h`), `state_in_1` (LSTM: `c`),
+    and with `lstm_use_prev_action` / `lstm_use_prev_reward` the previous step's
+    `prev_actions` / `prev_rewards`; all zero at an episode's first step."""
+
+    module: RecurrentActorCritic
+    obs_shape: tuple[int, ...]
+    num_outputs: int
+    prev_action_shape: tuple[int, ...] = ()
+    prev_action_dtype: Any = jnp.int32
+
+    @property
+    def num_state_arrays(self) -> int:
+        return 2 if self.module.cell_type == "lstm" else 1
+
+    def initial_state(self, batch_shape: tuple[int, ...]) -> dict[str, jax.Array]:
+        """The zero state of `batch_shape` envs (`{field: [*batch_shape, ...]}`)."""
+        size = self.module.cell_size
+        out = {
+            sb.state_in(i): jnp.zeros((*batch_shape, size), jnp.float32)
+            for i in range(self.num_state_arrays)
+        }
+        if self.module.prev_action_size:
+            shape = (*batch_shape, *self.prev_action_shape)
+            out[sb.PREV_ACTIONS] = jnp.zeros(shape, self.prev_action_dtype)
+        if self.module.use_prev_reward:
+            out[sb.PREV_REWARDS] = jnp.zeros(batch_shape, jnp.float32)
+        return out
+
+    def init(self, key: jax.Array) -> Any:
+        """RLlib's normc init for the trunk and the heads (`init_actor_critic`), flax's own for
+        the cell (LeCun-normal input kernels, orthogonal recurrent kernels, zero biases)."""
+        example = self._example()
+        params = init_actor_critic(self.module, key, self.obs_shape, *example)
+        own = self.module.init(
+            jax.random.fold_in(key, 2), jnp.zeros((1, *self.obs_shape)), *example
+        )
+        return {"params": {**params["params"], "cell": own["params"]["cell"]}}
+
+    def _example(self):
+        state = self.initial_state((1,))
+        return (
+            self._carry(state),
+            state.get(sb.PREV_ACTIONS),
+            state.get(sb.PREV_REWARDS),
+        )
+
+    def _carry(self, state: dict[str, jax.Array]) -> Any:
+        """flax's carry from the state fields (LSTM `(c, h)` from `state_in_1`, `state_in_0`)."""
+        if self.num_state_arrays == 2:
+            return (state[sb.state_in(1)], state[sb.state_in(0)])
+        return state[sb.state_in(0)]
+
+    def _fields(self, carry: Any, name) -> dict[str, jax.Array]:
+        """flax's carry as `{name(i): array}` (`name` is `state_in` or `state_out`)."""
+        arrays = (carry[1], carry[0]) if self.num_state_arrays == 2 else (carry,)
+        return {name(i): a for i, a in enumerate(arrays)}
+
+    def _features(self, params, obs, state):
+        return self.module.apply(
+            params,
+            obs,
+            state.get(sb.PREV_ACTIONS),
+            state.get(sb.PREV_REWARDS),
+            method=RecurrentActorCritic.features,
+        )
+
+    def step(self, params: Any, obs: jax.Array, state: dict[str, jax.Array]):
+        """One step of envs `[*B]` from `state`: `(action_dist_inputs [*B, num_outputs],
+        value [*B], {state_out_i: [*B, cell_size]})`."""
+        x = self._features(params, obs, state)
+        carry, y = self.module.apply(
+            params, self._carry(state), x, method=RecurrentActorCritic.cell_step
+        )
+        inputs, value = self.module.apply(params, y, method=RecurrentActorCritic.heads)
+        return inputs, value, self._fields(carry, sb.state_out)
+
+    def unroll(
+        self,
+        params: Any,
+        obs: jax.Array,
+        state: dict[str, jax.Array],
+        resets: jax.Array,
+    ):
+        """Time-major sequences: `obs [L, *B, *obs_shape]`, `state` the fields `[L, *B, ...]`
+        (`state_in_i` is read at `t = 0` only: the state the sequences start from;
+        `prev_actions` / `prev_rewards` at every step), `resets [L, *B]` bool: the state is
+        zeroed before step `t` where set (an episode began there). The trunk runs once on all
+        `L x B` inputs, the cell is a `scan` over `L`. Returns `(action_dist_inputs [L, *B,
+        num_outputs], values [L, *B], {state_out_i: [L, *B, cell_size]})`."""
+        x = self._features(params, obs, state)
+        carry = self._carry({k: v[0] for k, v in state.items() if k.startswith("state_in_")})
+
+        def body(carry, inp):
+            x_t, reset_t = inp
+            carry = jax.tree.map(
+                lambda c: jnp.where(reset_t[..., None], jnp.zeros_like(c), c), carry
+            )
+            carry, y = self.module.apply(params, carry, x_t, method=RecurrentActorCritic.cell_step)
+            return carry, (y, self._fields(carry, sb.state_out))
+
+        _, (y, carries) = jax.lax.scan(body, carry, (x, resets))
+        inputs, values = self.module.apply(params, y, method=RecurrentActorCritic.heads)
+        return inputs, values, carries
 
 
 # ---- custom models --------------------------------------------------------------------------
@@ -472,12 +653,20 @@ class ActorCriticNet:
                     )
 
 
-def build_model(obs_shape: tuple[int, ...], num_outputs: int, config: Any) -> ActorCriticNet:
+def build_model(
+    obs_shape: tuple[int, ...], num_outputs: int, config: Any, action_space: Any = None
+) -> ActorCriticNet | RecurrentNet:
     """The actor-critic for observations `obs_shape` and `num_outputs` distribution inputs
     from a `ModelConfig`: its `custom_model` if set (shapes checked), else RLlib's default
     (`ActorCritic`: the vision net for rank-3 observations, with `conv_filters` or the
-    defaults for the image size, else the fcnet)."""
+    defaults for the image size, else the fcnet); with `use_lstm`, that trunk under a
+    recurrent cell (`RecurrentNet`; `action_space` sizes the previous-action input)."""
     obs_shape = tuple(obs_shape)
+    if getattr(config, "use_lstm", False) and config.custom_model is not None:
+        raise ValueError(
+            "model.use_lstm wraps the default network; it cannot wrap model.custom_model "
+            f"({model_name(config.custom_model)!r}): build the recurrence into the custom model"
+        )
     if config.custom_model is not None:
         model = resolve_model(config.custom_model)
         custom_config = dict(config.custom_model_config)
@@ -500,6 +689,8 @@ def build_model(obs_shape: tuple[int, ...], num_outputs: int, config: Any) -> Ac
         )
         if filters:
             conv_output_shape(obs_shape, filters)
+    if getattr(config, "use_lstm", False):
+        return _recurrent_net(obs_shape, num_outputs, config, tuple(filters), action_space)
     module = ActorCritic(
         hiddens=tuple(config.fcnet_hiddens),
         activation=config.fcnet_activation,
@@ -510,3 +701,33 @@ def build_model(obs_shape: tuple[int, ...], num_outputs: int, config: Any) -> Ac
         conv_activation=config.conv_activation,
     )
     return ActorCriticNet(module, obs_shape, num_outputs)
+
+
+def _recurrent_net(obs_shape, num_outputs, config, filters, action_space) -> RecurrentNet:
+    """`build_model`'s `use_lstm` network."""
+    from jaxplan.envs import Discrete
+
+    size, discrete, shape, dtype = 0, True, (), jnp.int32
+    if config.lstm_use_prev_action:
+        if action_space is None:
+            raise ValueError("model.lstm_use_prev_action needs the action space")
+        discrete = isinstance(action_space, Discrete)
+        if discrete:
+            size = action_space.n
+        else:
+            shape, dtype = tuple(action_space.shape), jnp.float32
+            size = max(1, math.prod(shape))
+    module = RecurrentActorCritic(
+        hiddens=tuple(config.fcnet_hiddens),
+        activation=config.fcnet_activation,
+        num_outputs=num_outputs,
+        obs_ndim=len(obs_shape),
+        cell_size=config.lstm_cell_size,
+        cell_type=config.lstm_cell_type,
+        conv_filters=filters,
+        conv_activation=config.conv_activation,
+        prev_action_size=size,
+        prev_action_discrete=discrete,
+        use_prev_reward=config.lstm_use_prev_reward,
+    )
+    return RecurrentNet(module, obs_shape, num_outputs, shape, dtype)

@@ -39,7 +39,15 @@ class Policy(Protocol):
         """`obs [*B, *obs_shape] -> (actions [*B, ...], extras)`; extras hold the fields a loss
         needs later (`action_logp [*B]`, `action_dist_inputs [*B, D]`). `explore=False`
         (RLlib's evaluation setting, static) asks for the deterministic action (the
-        distribution's mode); rollouts always explore and may leave the argument out."""
+        distribution's mode); rollouts always explore and may leave the argument out.
+
+        A recurrent policy also has `initial_state(batch_shape) -> {field: [*batch_shape,
+        ...]}` (an optional method; `{}` or absent: feed-forward). Its agents' state then lives
+        in `ActorState.policy_states` (zeroed after every episode end), `compute_actions` gets
+        it as `state=` and returns the state after the step as `state_out_i` extras (the
+        `state_in_i` fields, plus `prev_actions` / `prev_rewards` if it has them, are the
+        rows' record of what each step started from: see `jaxplan.recurrent`); its learner
+        reads sequences, and the policy's `max_seq_len` tells `TrainOneStep` their length."""
 
     def postprocess_trajectory(self, params: Any, hparams: Any, traj: SampleBatch) -> SampleBatch:
         """Adds `vf_preds`, `advantages`, `value_targets` to a time-major trajectory `[T, *B]`."""

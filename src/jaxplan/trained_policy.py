@@ -76,6 +76,7 @@ class TrainedPolicy:
         *observation_shape]` -> `[*B, ...]`): the distribution's mode (argmax / mean), or
         with `explore=True` a sample drawn with `key` (required then). Box actions are mapped
         onto the env's bounds as in training (`normalize_actions`) or clipped to them."""
+        self._refuse_recurrent("act")
         obs = self._observations(obs)
         if explore and key is None:
             raise ValueError("act(obs, key, explore=True) samples actions: pass a PRNG key")
@@ -86,9 +87,18 @@ class TrainedPolicy:
     def value(self, obs: Any) -> jax.Array:
         """The critic's value estimates of raw `obs` (`[*B, *observation_shape]` -> `[*B]`;
         filtered here like in `act`)."""
+        self._refuse_recurrent("value")
         if self._value is None:
             raise TypeError(f"{type(self.policy).__name__} has no value function")
         return self._value(self.params, self._observations(obs))
+
+    def _refuse_recurrent(self, method: str) -> None:
+        if getattr(self.policy, "recurrent", False):
+            raise ValueError(
+                f"policy {self.policy_id!r} is recurrent (model.use_lstm): {method}() carries "
+                "no state from one call to the next; evaluate it with jaxplan.load_run(DIR)"
+                ".evaluate() or `jaxplan evaluate DIR`, which carry each env's state"
+            )
 
     def _observations(self, obs: Any) -> jax.Array:
         shape, want = tuple(np.shape(obs)), self.observation_shape

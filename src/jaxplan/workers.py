@@ -29,12 +29,16 @@ class ActorState:
     """Every actor group's envs; leaves have leading dims `[num_workers, num_envs_per_worker]`:
     `obs` is `{agent_id: [groups, envs, *obs_shape]}`, `episode_return` is per agent
     `[groups, envs, num_agents]` (in `WorkerSet.agents` order), `episode_length` `[groups, envs]`.
+    `policy_states` holds per recurrent policy the state its agents act from next, `{field:
+    [groups, envs, agents of the policy, ...]}` (`Policy.initial_state`; zero at an episode's
+    start); `{}` without recurrent policies.
     """
 
     env_state: Any
     obs: dict[str, jax.Array]
     episode_return: jax.Array
     episode_length: jax.Array
+    policy_states: dict[str, dict[str, jax.Array]] = struct.field(default_factory=dict)
 
 
 @struct.dataclass
@@ -311,7 +315,21 @@ class WorkerSet:
             obs=obs,
             episode_return=jnp.zeros((groups, envs, len(self.agents)), jnp.float32),
             episode_length=jnp.zeros((groups, envs), jnp.int32),
+            policy_states=self.initial_policy_states(),
         )
+
+    def initial_policy_states(self) -> dict[str, dict[str, jax.Array]]:
+        """Per recurrent policy its agents' initial state `{field: [groups, envs, agents of
+        the policy, ...]}` (`Policy.initial_state`, an optional method); feed-forward
+        policies have none."""
+        groups, envs = self.num_actor_groups, self.num_envs_per_worker
+        out = {}
+        for pid, policy in self.policies.items():
+            init = getattr(policy, "initial_state", None)
+            state = init((groups, envs, len(self.policy_agents[pid]))) if init else {}
+            if state:
+                out[pid] = state
+        return out
 
     @property
     def is_multi_agent(self) -> bool:

@@ -34,6 +34,8 @@ class A2CConfig(TrainerConfig):
     `ceil(train_batch_size / microbatch_size)` of them, then one step. `use_gae=False` is
     RLlib's discounted-return advantages (`lambda` 1)."""
 
+    supports_recurrent = True  # TrainOneStep replays sequences (not the microbatch plan)
+
     rollout_fragment_length: int = 20
     train_batch_size: int = 500
     microbatch_size: int | None = None
@@ -54,6 +56,12 @@ class A2CConfig(TrainerConfig):
             self.microbatch_size is None or 1 <= self.microbatch_size <= self.train_batch_size,
             "microbatch_size",
             f"must be None (no microbatches) or in [1, train_batch_size ({self.train_batch_size})]",
+        )
+        check(
+            self.microbatch_size is None or not self.model.use_lstm,
+            "microbatch_size",
+            "the microbatch plan computes gradients on rows, not the sequences a recurrent "
+            "policy (model.use_lstm) needs; leave microbatch_size unset",
         )
         check(0.0 <= self.lambda_ <= 1.0, "lambda", "must be in [0, 1]")
         check(self.vf_loss_coeff >= 0, "vf_loss_coeff", "must be >= 0")

@@ -32,7 +32,7 @@ class A2CPolicy(ActorCriticPolicy):
         batch: sb.SampleBatch,
         axis_name: str | None = None,
     ):
-        inputs, values = self.net(params, batch[sb.OBS])
+        inputs, values, batch = self.forward(params, batch)
         return a2c_loss(
             logp=self.dist.log_prob(inputs, batch[sb.ACTIONS]),
             advantages=batch[sb.ADVANTAGES],

@@ -23,6 +23,8 @@ class A3CConfig(A2CConfig):
     at least that many env steps (RLlib's A3C iteration lasts `min_iter_time_s` instead, a
     wall-clock time, which a compiled step cannot have)."""
 
+    supports_recurrent = False  # AsyncGradients differentiates rows
+
     rollout_fragment_length: int = 10
     num_async: int = 1
     timesteps_per_iteration: int = 0

@@ -31,6 +31,8 @@ class PPOConfig(TrainerConfig):
     """RLlib PPO's configuration keys with RLlib's defaults, on top of `TrainerConfig`'s
     common keys (the field `lambda_` is RLlib's key `lambda`)."""
 
+    supports_recurrent = True
+
     train_batch_size: int = 4000
     sgd_minibatch_size: int = 128
     num_sgd_iter: int = 30

@@ -30,7 +30,7 @@ class PPOPolicy(ActorCriticPolicy):
         batch: sb.SampleBatch,
         axis_name: str | None = None,
     ):
-        inputs, values = self.net(params, batch[sb.OBS])
+        inputs, values, batch = self.forward(params, batch)
         return ppo_loss(
             logp=self.dist.log_prob(inputs, batch[sb.ACTIONS]),
             old_logp=batch[sb.ACTION_LOGP],

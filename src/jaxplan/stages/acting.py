@@ -48,6 +48,29 @@ def stack_agents(tree: dict[str, Any], agents: tuple[str, ...], axis: int = 2):
     return jnp.stack([tree[a] for a in agents], axis=axis)
 
 
+def next_policy_state(
+    state: dict[str, jax.Array],
+    carry: dict[str, jax.Array],
+    transition: dict[str, jax.Array],
+    done: jax.Array,
+) -> dict[str, jax.Array]:
+    """A recurrent policy's state for the next step (fields `[g, e, agents, ...]`): the cell's
+    state after this step (`carry`'s `state_out_i`), this step's action and (clipped) reward
+    as the previous ones, all zero where the episode ended (`done [g, e]`)."""
+    nxt = {
+        k: carry[k.replace("state_in_", "state_out_")] for k in state if k.startswith("state_in_")
+    }
+    if sb.PREV_ACTIONS in state:
+        nxt[sb.PREV_ACTIONS] = transition[sb.ACTIONS]
+    if sb.PREV_REWARDS in state:
+        nxt[sb.PREV_REWARDS] = transition[sb.REWARDS]
+
+    def reset(x):
+        return jnp.where(done.reshape(*done.shape, *([1] * (x.ndim - 2))), jnp.zeros_like(x), x)
+
+    return {k: reset(nxt[k]).astype(state[k].dtype) for k in state}
+
+
 def step_envs(
     workers: WorkerSet,
     params: dict[str, Any],
@@ -79,7 +102,7 @@ def step_envs(
     env = workers.ma_env
     groups, envs = workers.num_actor_groups, workers.num_envs_per_worker
     k_act, k_env = jax.random.split(key)
-    actions, transitions = {}, {}
+    actions, transitions, carries = {}, {}, {}
     for i, (pid, agents) in enumerate(workers.policy_agents.items()):
         policy = workers.policies[pid]
         k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
@@ -89,8 +112,18 @@ def step_envs(
         compute = policy.compute_actions
         if not explore:
             compute = functools.partial(compute, explore=False)
-        act = jax.vmap(compute, in_axes=(0 if per_group else None, 0, 0))
-        pol_actions, extras = act(params[pid], seen, act_keys)
+        if pid in actors.policy_states:  # recurrent: acts from its state, which the row keeps
+            state = actors.policy_states[pid]
+            act = jax.vmap(
+                lambda p, o, k, s, c=compute: c(p, o, k, state=s),
+                in_axes=(0 if per_group else None, 0, 0, 0),
+            )
+            pol_actions, extras = act(params[pid], seen, act_keys, state)
+            carries[pid] = {k: extras.pop(k) for k in list(extras) if k.startswith("state_out_")}
+            extras = {**extras, **state}
+        else:
+            act = jax.vmap(compute, in_axes=(0 if per_group else None, 0, 0))
+            pol_actions, extras = act(params[pid], seen, act_keys)
         for j, agent in enumerate(agents):
             space = env.action_spaces[agent]
             actions[agent] = to_env_action(
@@ -120,6 +153,10 @@ def step_envs(
         "obs": obs,
         "episode_return": jnp.where(done[..., None], 0.0, ep_return),
         "episode_length": jnp.where(done, 0, ep_length),
+        "policy_states": {
+            pid: next_policy_state(state, carries[pid], transitions[pid], done)
+            for pid, state in actors.policy_states.items()
+        },
     }
     if active is not None:
         new = select_groups(active, new, {k: getattr(actors, k) for k in new})

@@ -13,6 +13,7 @@ from jaxplan import devices
 from jaxplan.batch import LearnerInfo, MultiAgentBatch, SampleBatch, TrainOutput, batch_rows
 from jaxplan.flow import Stage
 from jaxplan.policy import Policy, PolicyState
+from jaxplan.recurrent import sequences_per_minibatch, to_sequences
 from jaxplan.workers import PlanState, WorkerSet
 
 
@@ -234,6 +235,27 @@ class TrainOneStep(Stage):
             )
         return size
 
+    def _sequences_per_minibatch(self, num_sequences: int, seq_len: int) -> int:
+        """A recurrent policy's minibatch in whole sequences (`sgd_minibatch_size` counts
+        timesteps, as RLlib's); with `data_parallel` they must split evenly across devices."""
+        size = sequences_per_minibatch(self.sgd_minibatch_size, seq_len, num_sequences)
+        n = self.workers.num_shards
+        if self.data_parallel and size % n:
+            raise ValueError(
+                f"sgd_minibatch_size ({self.sgd_minibatch_size}) makes minibatches of {size} "
+                f"sequences of max_seq_len={seq_len}, which do not split evenly across {n} "
+                f"devices; use sgd_minibatch_size={-(-size // n) * n * seq_len}"
+            )
+        if num_sequences % size and (num_sequences, -size) not in self._warned:
+            self._warned.add((num_sequences, -size))
+            warnings.warn(
+                f"train batch of {num_sequences} sequences is not a multiple of {size} "
+                f"sequences per minibatch: each epoch skips the last {num_sequences % size} "
+                "sequences of its permutation",
+                stacklevel=2,
+            )
+        return size
+
     def apply(self, state: PlanState, stage_state: None, batch: MultiAgentBatch):
         key, k_sgd = jax.random.split(state.key)
         policies = dict(state.policies)
@@ -248,13 +270,20 @@ class TrainOneStep(Stage):
             # over all actor groups): minibatches cut from the same permutation hold the same
             # rows on any number of devices
             pb = devices.gather_rows(pb, batch.shard_axis, batch.time_steps)
+            policy = self.workers.policies[pid]
+            seq_len = getattr(policy, "max_seq_len", None)
+            if seq_len:  # recurrent: whole sequences are the units shuffled into minibatches
+                units = to_sequences(pb, batch.time_steps, seq_len)
+                minibatch_size = self._sequences_per_minibatch(batch_rows(units), seq_len)
+            else:
+                units, minibatch_size = pb, self._minibatch_size(batch_rows(pb))
             policies[pid], stats = sgd_epochs(
-                self.workers.policies[pid],
+                policy,
                 policies[pid],
-                pb,
+                units,
                 k,
                 num_sgd_iter=self.num_sgd_iter,
-                minibatch_size=self._minibatch_size(batch_rows(pb)),
+                minibatch_size=minibatch_size,
                 shuffle=self.shuffle_sequences,
                 axis_name=axis,
             )
