@@ -118,6 +118,52 @@ def test_resume_refuses_another_run(tmp_path, capsys):
     assert len(rows(a)) == 1  # nothing was appended by the refused runs
 
 
+NEW_MODEL_KEYS = (
+    "use_lstm",
+    "lstm_cell_size",
+    "lstm_cell_type",
+    "lstm_use_prev_action",
+    "lstm_use_prev_reward",
+    "max_seq_len",
+)
+
+
+def as_written_before_recurrent_policies(directory: Path) -> None:
+    """Rewrites a run's params.json and checkpoint as jaxplan wrote them before recurrent
+    policies: no `model.use_lstm`-family keys, no `ActorState.policy_states` field."""
+    params = json.loads((directory / "params.json").read_text())
+    for key in NEW_MODEL_KEYS:
+        del params["config"]["model"][key]
+    (directory / "params.json").write_text(json.dumps(params))
+    path = directory / "checkpoint.msgpack"
+    raw = serialization.msgpack_restore(path.read_bytes())
+    saved = json.loads(raw["params"])
+    for key in NEW_MODEL_KEYS:
+        del saved["config"]["model"][key]
+    assert raw["state"]["actors"].pop("policy_states") == {}
+    path.write_bytes(serialization.msgpack_serialize({**raw, "params": json.dumps(saved)}))
+
+
+def test_a_checkpoint_from_before_new_settings_resumes_and_evaluates(tmp_path, capsys):
+    """Settings and state fields added to jaxplan later (here: recurrent policies' model keys
+    and `ActorState.policy_states`) do not strand older runs: resumed, the run writes the rows
+    of one uninterrupted run; `jaxplan evaluate` loads it; a new key set to a non-default
+    value on resume is still refused as another run."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli.main(["train", "ppo", *TINY, "--stop-iters", "2", "--output", str(a)]) == 0
+    as_written_before_recurrent_policies(a)
+    capsys.readouterr()
+    resume = ["train", "ppo", "--resume", str(a), "--stop-iters", "3", *TINY[6:]]
+    lstm = ["--config", "model.use_lstm=true", "--config", "model.max_seq_len=16"]
+    assert cli.main([*resume, *lstm]) == 2
+    err = capsys.readouterr().err
+    assert "config.model.use_lstm: False -> True" in err and "max_seq_len: 20 -> 16" in err
+    assert cli.main(resume) == 0
+    assert cli.main(["train", "ppo", *TINY, "--stop-iters", "3", "--output", str(b)]) == 0
+    assert rows(a) == rows(b)
+    assert cli.main(["evaluate", str(a), "--episodes", "2"]) == 0
+
+
 if __name__ == "__main__":  # the 4-device case, in a process of its own
     tmp = Path(sys.argv[1])
     devices = ["--num-devices", "4", "--config", "sgd_minibatch_size=32"]

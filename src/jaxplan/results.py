@@ -443,11 +443,30 @@ def read_checkpoint(directory: str | os.PathLike, which: str | int = "latest") -
     return {**raw, "params": json.loads(raw["params"]), "path": str(path)}
 
 
-def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
-    """`key: saved -> now` for every leaf where two nested dicts differ."""
+def differences(saved: Any, now: Any, prefix: str = "", defaults: Any = None) -> list[str]:
+    """`key: saved -> now` for every leaf where two nested dicts differ. A key that `saved`
+    lacks is compared as if it held its value in `defaults` (the same nesting; None: no
+    defaults): a setting added to the library after `saved` was written, still at its
+    default, is no difference."""
     if isinstance(saved, dict) and isinstance(now, dict):
+        defaults = defaults if isinstance(defaults, dict) else {}
         out = []
         for key in sorted(set(saved) | set(now), key=str):
-            out += differences(saved.get(key), now.get(key), f"{prefix}{key}.")
+            old = saved[key] if key in saved else defaults.get(key)
+            out += differences(old, now.get(key), f"{prefix}{key}.", defaults.get(key))
         return out
     return [] if saved == now else [f"{prefix[:-1]}: {saved!r} -> {now!r}"]
+
+
+def with_empty_fields(target: Any, saved: Any) -> Any:
+    """`saved` (a checkpoint's state dict) with the fields of `target` (this plan's) that it
+    lacks added where they are empty containers (`{}`): state fields added to jaxplan after
+    the checkpoint was written that this run does not use (e.g. `ActorState.policy_states`
+    without recurrent policies). Any other missing field stays missing (an error on restore)."""
+    if not isinstance(target, dict) or not isinstance(saved, dict):
+        return saved
+    out = {k: with_empty_fields(target.get(k), v) for k, v in saved.items()}
+    for key, value in target.items():
+        if key not in saved and isinstance(value, dict) and not value:
+            out[key] = {}
+    return out

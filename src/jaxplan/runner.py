@@ -35,7 +35,13 @@ from jax.extend import core as jax_core
 from jaxplan import distributed
 from jaxplan import loggers as _loggers
 from jaxplan.flow import Plan
-from jaxplan.results import ResultWriter, differences, finite, read_checkpoint
+from jaxplan.results import (
+    ResultWriter,
+    differences,
+    finite,
+    read_checkpoint,
+    with_empty_fields,
+)
 from jaxplan.run import Stop, run_iterations
 
 _DEVICE_KEYS = ("config.num_devices", "config.num_gpus", "config._fake_gpus")
@@ -119,6 +125,18 @@ def check_memory(jaxpr: Any, state: Any, workers: Any) -> None:
             "use fewer envs (num_workers, num_envs_per_worker), a shorter "
             "rollout_fragment_length or a smaller train_batch_size"
         )
+
+
+def _default_params(params: dict) -> dict:
+    """`{"config": <the algorithm's default config as JSON>}` for a run's params naming its
+    algorithm (`{}` otherwise): what a config key missing from an older checkpoint means."""
+    try:
+        from jaxplan.algorithms import get_algorithm
+
+        config = get_algorithm(params["algorithm"]).config_class().to_dict()
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return {"config": json.loads(json.dumps(finite(config), sort_keys=True))}
 
 
 class Runner:
@@ -289,7 +307,13 @@ class Runner:
                 f"{raw['jaxplan_version']}, this is {__version__}"
             )
         now = json.loads(json.dumps(finite(self.params), sort_keys=True))
-        diff = [d for d in differences(raw["params"], now) if d.split(":")[0] not in _DEVICE_KEYS]
+        # a config key the checkpoint lacks was added to jaxplan after it was written: at its
+        # default (the resumed config's value) it keeps the old behaviour
+        diff = [
+            d
+            for d in differences(raw["params"], now, defaults=_default_params(now))
+            if d.split(":")[0] not in _DEVICE_KEYS
+        ]
         if diff:
             raise ValueError("cannot resume: the checkpoint is of another run; " + "; ".join(diff))
         return raw
@@ -340,8 +364,9 @@ class Runner:
         """Replaces the fresh state by the checkpointed one, laid out as `placement` (the
         compiled init's outputs; global shardings in a multi-process run: each process puts
         its own shards)."""
+        saved = with_empty_fields(serialization.to_state_dict(placement), self._saved.pop("state"))
         try:
-            state = serialization.from_state_dict(placement, self._saved.pop("state"))
+            state = serialization.from_state_dict(placement, saved)
         except (ValueError, KeyError) as e:
             raise ValueError(f"cannot resume: the checkpoint's state does not fit: {e}") from None
         for path, x, p in zip(

@@ -24,7 +24,7 @@ from flax import serialization
 from jaxplan.algorithms import get_algorithm
 from jaxplan.config import TrainerConfig
 from jaxplan.flow import Plan
-from jaxplan.results import read_checkpoint
+from jaxplan.results import read_checkpoint, with_empty_fields
 from jaxplan.workers import PlanState
 
 _ONE_DEVICE = {"num_devices": 0, "num_gpus": 0, "_fake_gpus": False}
@@ -160,9 +160,8 @@ def load_run(directory: str | os.PathLike, which: str | int = "latest") -> Train
     keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds))
     target = jax.eval_shape(init, keys[0] if len(seeds) == 1 else keys)
     target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), target)
-    saved = raw["state"]
-    if isinstance(saved, dict) and "obs_filters" not in saved:  # written before the filters
-        saved = {**saved, "obs_filters": {}}
+    # fields added after the checkpoint was written (obs_filters, policy_states), unused here
+    saved = with_empty_fields(serialization.to_state_dict(target), raw["state"])
     try:
         state = serialization.from_state_dict(target, saved)
     except (ValueError, KeyError) as e:
