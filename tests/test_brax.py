@@ -5,6 +5,8 @@ learning inverted_pendulum.
 The "spring" backend: on the 2-core CPU machine it compiles a PPO run in ~20-40 s, about half
 of "generalized" (Brax's default) and "positional" (~45 s), and steps fastest."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,23 +28,37 @@ def _brax():
     return import_brax_envs()
 
 
+@functools.cache
+def _reference():
+    """Brax's own inverted_pendulum (spring), jitted `reset` and `step`: the reference."""
+    brax_env = _brax().get_environment("inverted_pendulum", backend="spring")
+    return jax.jit(brax_env.reset), jax.jit(brax_env.step)
+
+
+@functools.cache
+def _adapter(episode_length: int):
+    """The adapter's env with `episode_length` and its jitted `step` (compiled once)."""
+    env = make_env("brax:inverted_pendulum", {**SPRING, "episode_length": episode_length})
+    return env, jax.jit(env.step)
+
+
 def test_reset_and_step_match_brax_and_the_contract():
-    envs = _brax()
-    env = make_env("brax:inverted_pendulum", SPRING)
+    _brax()
+    default = make_env("brax:inverted_pendulum", SPRING)
+    assert default.observation_shape == (4,) and default.max_episode_steps == 1000
+    assert default.action_space == Box((1,), np.array([-1.0], np.float32), np.array([1.0]))
+    env, step = _adapter(5)
     check_env(env, env.name)
-    assert env.observation_shape == (4,) and env.max_episode_steps == 1000
-    assert env.action_space == Box((1,), np.array([-1.0], np.float32), np.array([1.0]))
-    # Brax's own env, stepped directly, is the reference
-    brax_env = envs.get_environment("inverted_pendulum", backend="spring")
+    ref_reset, ref_step = _reference()
     key = jax.random.PRNGKey(3)
-    obs, state = jax.jit(env.reset)(key)
-    ref = jax.jit(brax_env.reset)(key)
+    obs, state = env.reset(key)
+    ref = ref_reset(key)
     assert obs.dtype == jnp.float32 and obs.shape == (4,)
     np.testing.assert_array_equal(obs, ref.obs)
     action = jnp.array([0.3], jnp.float32)
-    out = jax.jit(env.step)(jax.random.PRNGKey(9), state, action)
+    out = step(jax.random.PRNGKey(9), state, action)
     obs, state, reward, terminated, truncated, final_obs = out
-    ref = jax.jit(brax_env.step)(ref, action)
+    ref = ref_step(ref, action)
     assert [x.dtype for x in (reward, terminated, truncated)] == [jnp.float32, bool, bool]
     assert reward.shape == terminated.shape == truncated.shape == ()
     np.testing.assert_allclose(obs, ref.obs, rtol=1e-5, atol=1e-7)
@@ -54,13 +70,10 @@ def test_time_limit_is_truncated_and_the_env_resets_with_the_final_obs():
     """episode_length=5 and zero force: the pole stays up (|angle| < 0.2) for 5 steps, so the
     5th step is truncated, not terminated; obs is then the next episode's first (reset with
     that step's key), final_obs where the 5th step got to (Brax's env stepped directly)."""
-    envs = _brax()
-    env = make_env("brax:inverted_pendulum", {**SPRING, "episode_length": 5})
+    env, step = _adapter(5)
     assert env.max_episode_steps == 5
-    brax_env = envs.get_environment("inverted_pendulum", backend="spring")
-    step = jax.jit(env.step)
+    ref_reset, ref_step = _reference()
     action = jnp.zeros((1,), jnp.float32)
-    ref_reset, ref_step = jax.jit(brax_env.reset), jax.jit(brax_env.step)
     obs, state = env.reset(jax.random.PRNGKey(0))
     ref = ref_reset(jax.random.PRNGKey(0))
     ends = []
@@ -80,26 +93,22 @@ def test_time_limit_is_truncated_and_the_env_resets_with_the_final_obs():
     assert ends == [5, 10]
 
 
-def test_a_fall_is_terminated_also_on_the_last_allowed_step():
-    """Full force: the pole falls at some step k (Brax's done); with episode_length=k that
-    step ends the episode both ways, and it is terminated, not truncated."""
-    _brax()
+def test_a_fall_on_the_last_allowed_step_is_terminated_not_truncated():
+    """Full force from reset(PRNGKey(0)): Brax's env sets done (|angle| > 0.2) first at step
+    7. With episode_length=7 that step ends the episode both ways: it is terminated."""
+    ref_reset, ref_step = _reference()
     push = jnp.ones((1,), jnp.float32)
-
-    def run(env, steps):
-        step = jax.jit(env.step)
-        _, state = env.reset(jax.random.PRNGKey(0))
-        flags = []
-        for t in range(steps):
-            _, state, _, terminated, truncated, _ = step(jax.random.PRNGKey(t), state, push)
-            flags.append((bool(terminated), bool(truncated)))
-        return flags
-
-    flags = run(make_env("brax:inverted_pendulum", SPRING), 60)
-    k = 1 + [f[0] for f in flags].index(True)
-    assert 3 <= k < 60 and not any(f[1] for f in flags[:k])
-    flags = run(make_env("brax:inverted_pendulum", {**SPRING, "episode_length": k}), k)
-    assert flags[-1] == (True, False) and not any(any(f) for f in flags[:-1])
+    ref = ref_reset(jax.random.PRNGKey(0))
+    dones = []
+    for _ in range(7):
+        ref = ref_step(ref, push)
+        dones.append(float(ref.done))
+    assert dones == [0.0] * 6 + [1.0]
+    env, step = _adapter(7)
+    _, state = env.reset(jax.random.PRNGKey(0))
+    for t in range(1, 8):
+        _, state, _, terminated, truncated, _ = step(jax.random.PRNGKey(t), state, push)
+        assert (bool(terminated), bool(truncated)) == ((True, False) if t == 7 else (False, False))
 
 
 def test_unknown_names_and_keys_are_errors_naming_the_valid_ones():

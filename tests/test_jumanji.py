@@ -133,6 +133,24 @@ def test_minesweeper_multi_discrete_actions_are_one_discrete_index():
     np.testing.assert_array_equal(board, np.asarray(ref_state.board))
 
 
+def test_env_states_round_trip_through_a_checkpoint(tmp_path):
+    """Jumanji's states are chex dataclasses flax's msgpack does not know; the adapter
+    registers them, so a run's checkpoint (its env states included) saves and restores."""
+    _jumanji()
+    from jaxplan import checkpoint
+
+    env = make_env("jumanji:Snake-v1")
+    _, state = env.reset(jax.random.PRNGKey(0))
+    _, state, *_ = jax.jit(env.step)(jax.random.PRNGKey(1), state, jnp.int32(1))
+    target = env.reset(jax.random.PRNGKey(7))[1]  # another state of the same structure
+    restored = checkpoint.restore(checkpoint.save(tmp_path / "s.msgpack", state), target)
+    assert type(restored) is type(state)
+    assert jax.tree.structure(restored) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(target.key, state.key)
+
+
 def test_unknown_names_and_keys_are_errors_naming_the_valid_ones():
     _jumanji()
     with pytest.raises(ValueError, match="Did you mean jumanji:Snake-v1") as e:

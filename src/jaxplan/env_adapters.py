@@ -12,6 +12,7 @@ observation the step reached as `final_obs` (what GAE bootstraps a truncated epi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import inspect
 import io
@@ -22,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import serialization
 
 from jaxplan.envs import ActionSpace, Box, Discrete
 
@@ -55,6 +57,45 @@ def _init_params(*classes: type) -> list[str]:
                 if p.name not in names:
                     names.append(p.name)
     return names
+
+
+def _node_types(treedef: Any) -> set[type]:
+    """The types of every inner node of `treedef`."""
+    types, stack = set(), [treedef]
+    while stack:
+        node = stack.pop()
+        data = node.node_data()
+        if data is not None:
+            types.add(data[0])
+        stack.extend(node.children())
+    return types
+
+
+def _one_level(x: Any) -> tuple[list[tuple[str, Any]], Any]:
+    """`x`'s pytree children, named by their keys, and the treedef that rebuilds `x`."""
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+    names = [jax.tree_util.keystr(path, simple=True, separator=".") for path, _ in pairs]
+    return list(zip(names, (leaf for _, leaf in pairs), strict=True)), treedef
+
+
+def _to_state_dict(x: Any) -> dict[str, Any]:
+    return {name: serialization.to_state_dict(child) for name, child in _one_level(x)[0]}
+
+
+def _from_state_dict(target: Any, state: dict[str, Any]) -> Any:
+    children, treedef = _one_level(target)
+    restored = [serialization.from_state_dict(c, state[name]) for name, c in children]
+    return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+def register_for_checkpoints(tree: Any) -> None:
+    """Lets jaxplan's checkpoints (flax msgpack) save and restore `tree`'s pytree node types
+    that flax does not know (Jumanji's and MJX's dataclass states): each is stored as the dict
+    of its pytree children by key. Types flax already serializes are left alone."""
+    for cls in _node_types(jax.tree.structure(tree)):
+        if dataclasses.is_dataclass(cls):
+            with contextlib.suppress(ValueError):  # already registered (flax structs)
+                serialization.register_serialization_state(cls, _to_state_dict, _from_state_dict)
 
 
 # ---- Brax ------------------------------------------------------------------------------------
@@ -118,7 +159,9 @@ class BraxEnv:
             self._base = envs.get_environment(name, **kwargs)
         self._env = EpisodeWrapper(self._base, episode_length, action_repeat)
         self.max_episode_steps: int = episode_length // action_repeat
-        obs = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0)).obs
+        first = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+        register_for_checkpoints(first)
+        obs = first.obs
         if not hasattr(obs, "shape"):
             raise ValueError(f"{self.name}: observations {obs!r} are not one array")
         self.observation_shape: tuple[int, ...] = tuple(obs.shape)
@@ -205,7 +248,8 @@ class JumanjiEnv:
         self.max_episode_steps: int | None = (
             int(limit) if isinstance(limit, int | np.integer) and limit > 0 else None
         )
-        _, timestep = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+        state, timestep = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+        register_for_checkpoints(state)
         paths = jax.tree_util.tree_flatten_with_path(timestep.observation)[0]
         self.observation_fields: tuple[tuple[str, tuple[int, ...]], ...] = tuple(
             (_field_name(path), tuple(leaf.shape)) for path, leaf in paths
