@@ -159,6 +159,12 @@ def test_unknown_names_and_keys_are_errors_naming_the_valid_ones():
     with pytest.raises(ValueError, match="Did you mean 'num_rows'") as e:
         make_env("jumanji:Snake-v1", {"num_row": 6})
     assert "time_limit" in str(e.value)
+    # a reward per agent: multi-agent, not this adapter's
+    with pytest.raises(ValueError, match=r"rewards of shape \(2,\) \(one per agent\)"):
+        make_env("jumanji:LevelBasedForaging-v0")
+    # JobShop's action: a job (or none) per machine, 21^10 combinations, beyond one int32
+    with pytest.raises(ValueError, match="16679880978201 combinations"):
+        make_env("jumanji:JobShop-v0")
 
 
 def test_missing_jumanji_is_a_one_line_cli_error(monkeypatch, capsys):
