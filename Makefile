@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,jaxmarl]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,jaxmarl,brax,jumanji]'
 	touch $(STAMP)
 
 ## train: PPO on gymnax CartPole-v1 until episode_reward_mean >= 475 (results in runs/)

@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--env",
         default=None,
         help="gymnax env id (default CartPole-v1; sac: Pendulum-v1), MultiAgentCartPole, "
-        "jaxmarl:<id>, a name given to jaxplan.register_env, or an import path "
-        "package.module:creator",
+        "jaxmarl:<id>, brax:<name>, jumanji:<id>, a name given to jaxplan.register_env, or "
+        "an import path package.module:creator",
     )
     train.add_argument(
         "--stop-timesteps",

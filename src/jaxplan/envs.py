@@ -21,7 +21,9 @@ The contract (one env; callers `vmap` over actor groups and envs, and `jit` ever
   `V(final_obs)`). At most one of the two is true: an episode that terminates on its last
   allowed step is terminated.
 
-`Env` wraps a gymnax env (`Env("CartPole-v1")`) to this contract. Your own env, any object
+`Env` wraps a gymnax env (`Env("CartPole-v1")`) to this contract; `"brax:<name>"` and
+`"jumanji:<id>"` name Brax and Jumanji envs behind it (`jaxplan.env_adapters`, optional
+extras). Your own env, any object
 that obeys it (`SingleAgentEnv`), is given a name with `register_env(name, creator)`, RLlib's
 `register_env`: `creator(env_config: dict) -> env`; then `PPOConfig(env=name, env_config=...)`
 uses it wherever a gymnax name would be (`jaxplan.multi_agent.make_env` resolves names). An env

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxplan.env_adapters import BRAX_PREFIX, JUMANJI_PREFIX
 from jaxplan.envs import (
     ActionSpace,
     Box,
@@ -201,20 +202,31 @@ def _jaxmarl_space(space) -> ActionSpace:
 def is_custom_env(name: str) -> bool:
     """Whether an env id is a name given to `jaxplan.register_env` or an import path
     `"package.module:creator"` (whether it is multi-agent is known only once it is made)."""
-    return name in registered_envs() or (":" in name and not name.startswith(JAXMARL_PREFIX))
+    return name in registered_envs() or (
+        ":" in name and not name.startswith((JAXMARL_PREFIX, BRAX_PREFIX, JUMANJI_PREFIX))
+    )
 
 
 def make_env(name: str, env_config: dict | None = None):
     """An env from its id and `env_config`: a name given to `jaxplan.register_env` (its
     creator's env, checked against the contract, `jaxplan.envs.check_env`), `"CartPole-v1"`
     (gymnax, single-agent) -> `Env`, `"MultiAgentCartPole"` (built-in) or
-    `"jaxmarl:MPE_simple_spread_v3"` (JaxMARL) -> a multi-agent env, or an import path
+    `"jaxmarl:MPE_simple_spread_v3"` (JaxMARL) -> a multi-agent env, `"brax:ant"` (Brax) ->
+    `BraxEnv`, `"jumanji:Snake-v1"` (Jumanji) -> `JumanjiEnv`, or an import path
     `"package.module:creator"` (like a registered creator)."""
     env_config = dict(env_config or {})
     if name in registered_envs():
         return make_custom_env(name, env_creator(name), env_config)
     if name.startswith(JAXMARL_PREFIX):
         return JaxMARLEnv(name[len(JAXMARL_PREFIX) :], **env_config)
+    if name.startswith(BRAX_PREFIX):
+        from jaxplan.env_adapters import BraxEnv
+
+        return BraxEnv(name[len(BRAX_PREFIX) :], **env_config)
+    if name.startswith(JUMANJI_PREFIX):
+        from jaxplan.env_adapters import JumanjiEnv
+
+        return JumanjiEnv(name[len(JUMANJI_PREFIX) :], **env_config)
     if name == "MultiAgentCartPole":
         unknown = set(env_config) - {"num_agents"}
         if unknown:
@@ -235,7 +247,8 @@ def make_env(name: str, env_config: dict | None = None):
         hint = f" Did you mean the registered {close[0]!r}?" if close else ""
         known = ", ".join(map(repr, registered)) or "none"
         raise ValueError(
-            f"{e}. Multi-agent: {', '.join(BUILTIN)}, or {JAXMARL_PREFIX}<JaxMARL env id>. "
+            f"{e}. Brax: {BRAX_PREFIX}<Brax env name>; Jumanji: {JUMANJI_PREFIX}<Jumanji env "
+            f"id>. Multi-agent: {', '.join(BUILTIN)}, or {JAXMARL_PREFIX}<JaxMARL env id>. "
             f"Registered envs (jaxplan.register_env, in this process): {known}, or an import "
             f"path 'package.module:creator'.{hint}"
         ) from None
