@@ -127,11 +127,40 @@ def test_config_defaults_and_errors():
         ({"minibatch_buffer_size": 0}, "minibatch_buffer_size.*must be >= 1"),
         ({"broadcast_interval": 0}, "broadcast_interval.*must be >= 1"),
         ({"vtrace": False}, "IMPALA needs V-trace"),
-        ({"opt_type": "rmsprop"}, "opt_type"),
+        ({"opt_type": "sgd"}, "opt_type"),
         ({"learner_queue_sise": 4}, "did you mean 'learner_queue_size'"),
     ):
         with pytest.raises(ValueError, match=fragment):
             IMPALAConfig.from_dict(bad)
+
+
+def test_rmsprop_is_rllibs_torch_rmsprop():
+    """`opt_type="rmsprop"`: two steps against `torch.optim.RMSprop(lr, alpha=decay,
+    eps=epsilon, momentum)` written out in float64 numpy (mean square from 0, epsilon outside
+    the root, momentum buffer)."""
+    lr, decay, eps, momentum = 0.01, 0.9, 0.1, 0.5
+    config = {**SMALL, "opt_type": "rmsprop", "decay": decay, "epsilon": eps}
+    plan = impala_plan({**config, "momentum": momentum, "lr": lr, "grad_clip": None})
+    policy = plan.workers.policies[PID]
+    state = policy.init(jax.random.PRNGKey(0))
+    leaves, treedef = jax.tree.flatten(state.params)
+    rng = np.random.default_rng(0)
+    p = [np.asarray(x, np.float64) for x in leaves]
+    ms, buf = [np.zeros_like(x) for x in p], [np.zeros_like(x) for x in p]
+    for _ in range(2):
+        g = [rng.normal(size=x.shape) * 3.0 for x in p]
+        state = policy.apply_gradients(
+            state, jax.tree.unflatten(treedef, [x.astype(np.float32) for x in g])
+        )
+        for i in range(len(p)):
+            ms[i] = decay * ms[i] + (1 - decay) * g[i] ** 2
+            buf[i] = momentum * buf[i] + g[i] / (np.sqrt(ms[i]) + eps)
+            p[i] = p[i] - lr * buf[i]
+    for got, want in zip(jax.tree.leaves(state.params), p, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for bad, key in (({"decay": 1.0}, "decay"), ({"epsilon": 0.0}, "epsilon")):
+        with pytest.raises(ValueError, match=key):
+            IMPALAConfig.from_dict({"opt_type": "rmsprop", **bad})
 
 
 def test_cli_trains_impala(tmp_path, capsys):

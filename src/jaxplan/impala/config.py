@@ -26,7 +26,7 @@ from jaxplan.config import (
 PRESETS: dict[str, dict[str, Any]] = load_presets(Path(__file__).with_name("presets.yaml"))
 """Env id -> config overrides (RLlib-style dict) that `preset_config` applies."""
 
-OPTIMIZERS = ("adam",)
+OPTIMIZERS = ("adam", "rmsprop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,8 @@ class IMPALAConfig(TrainerConfig):
     step, as RLlib's loss does); a training iteration still makes `k` learner steps.
     `broadcast_interval = n`: the actor groups get new weights as RLlib's
     `BroadcastUpdateLearnerWeights` sends them (a set of weights to about `n` returning
-    groups; `info.num_weight_broadcasts`). Not modelled yet (refused): `opt_type="rmsprop"`."""
+    groups; `info.num_weight_broadcasts`). `opt_type` is RLlib's: `"adam"` (default) or
+    `"rmsprop"` with `decay`, `momentum` and `epsilon` (`jaxplan.actor_critic`)."""
 
     rollout_fragment_length: int = 50
     train_batch_size: int = 500
@@ -60,6 +61,9 @@ class IMPALAConfig(TrainerConfig):
     vtrace_clip_c_threshold: float = per_policy(1.0)
     grad_clip: float | None = per_policy(40.0)
     opt_type: str = "adam"
+    decay: float = 0.99
+    momentum: float = 0.0
+    epsilon: float = 0.1
     vf_loss_coeff: float = traced(0.5)
     entropy_coeff: float = traced(0.01)
     entropy_coeff_schedule: Schedule | None = per_policy(None)
@@ -92,6 +96,9 @@ class IMPALAConfig(TrainerConfig):
         check(self.num_sgd_iter >= 1, "num_sgd_iter", "must be >= 1")
         check(self.minibatch_buffer_size >= 1, "minibatch_buffer_size", "must be >= 1")
         check(self.opt_type in OPTIMIZERS, "opt_type", f"must be one of {list(OPTIMIZERS)}")
+        check(0.0 <= self.decay < 1.0, "decay", "must be in [0, 1) (RMSProp's)")
+        check(self.momentum >= 0.0, "momentum", "must be >= 0 (RMSProp's)")
+        check(self.epsilon > 0.0, "epsilon", "must be > 0 (RMSProp's)")
         check(self.replay_proportion >= 0.0, "replay_proportion", "must be >= 0")
         check(self.replay_buffer_num_slots >= 0, "replay_buffer_num_slots", "must be >= 0")
         check(
