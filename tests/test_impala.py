@@ -174,17 +174,20 @@ def test_cli_trains_impala(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_impala_solves_cartpole():
-    """The CartPole preset (1 group x 16 envs x 16 steps, 2 requests in flight: lag 1, lr
-    1e-3), seeds 0-2 vmapped to 400k env steps: seeds 0 and 2 reach 475 (at 258k and 208k),
-    seed 1 peaks at 472 (measured on the 2-core CPU machine, ~20 s). Vanilla V-trace policy
-    gradient is less steady than PPO here; asserted: 2 of 3."""
+def test_impala_solves_cartpole_and_holds():
+    """The CartPole preset (1 group x 16 envs x 16 steps, 2 requests in flight: lag 1;
+    RLlib's RMSProp with the global-norm clip of 40, lr annealed from 2e-3 to 1e-4 and the
+    entropy bonus from 0.01 to 0 over 500k / 300k steps), seeds 0-2 vmapped to 500k env
+    steps, no stop: all three reach 475 by 300k (measured on the 2-core CPU machine: at
+    224k, 250k and 277k) and end at 475 or more (495-500)."""
     plan = impala_plan(env="CartPole-v1")
-    iters = 400_000 // 256
-    stop = jaxplan.Stop(episode_reward_mean=475)
-    _, results = jaxplan.train_seeds(plan, [0, 1, 2], iters, stop=stop)
-    solved = np.asarray(results["done"]).any(axis=1)
-    assert solved.sum() >= 2, np.nanmax(np.asarray(results["episode_reward_mean"]), axis=1)
+    iters = 500_000 // 256
+    _, results = jaxplan.train_seeds(plan, [0, 1, 2], iters)
+    reward = np.asarray(results["episode_reward_mean"])
+    first = np.argmax(reward >= 475, axis=1)
+    assert (reward >= 475).any(axis=1).all(), np.nanmax(reward, axis=1)
+    assert (first * 256 <= 300_000).all(), first * 256
+    assert (reward[:, -1] >= 475).all(), reward[:, -1]
 
 
 MESH = """

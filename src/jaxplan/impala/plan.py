@@ -141,6 +141,13 @@ ALGORITHM = Algorithm(
     presets=PRESETS,
     build_workers=build_workers,
     execution_plan=execution_plan,
-    describe=lambda c: f"{train_batch(c)} | {c.num_sgd_iter} V-trace step(s) on it",
+    describe=lambda c: (
+        f"{train_batch(c)} | {c.num_sgd_iter} V-trace step(s) on it"
+        + (
+            f" (minibatch buffer of {c.minibatch_buffer_size})"
+            if c.minibatch_buffer_size > 1 and c.num_sgd_iter > 1
+            else ""
+        )
+    ),
 )
 """IMPALA for `jaxplan train impala` (`jaxplan.algorithms`)."""
