@@ -16,7 +16,7 @@ with the newest params (the ones it is about to be trained with), when it is ful
   Fragments are `g - 1 + num_async - 1` train steps stale when one round feeds each step. The
   snapshots, fragment buffers and the params queue are the stage's state (`RolloutState`).
   With `broadcast_interval` (IMPALA, APPO: RLlib's `BroadcastUpdateLearnerWeights`) the params
-  a group takes are the last *broadcast* weights instead of the newest: see `Broadcast`.
+  a group takes are the last *broadcast* weights instead of the newest: see `Rollouts`.
 
 Randomness is drawn per global actor group (`jaxplan.stages.acting`), so the data do not
 depend on how the groups are spread over devices. On a mesh each device's rows are its own
