@@ -52,12 +52,13 @@ def test_config_defaults_and_errors():
     assert (c.num_sgd_iter, c.minibatch_buffer_size, c.replay_buffer_num_slots) == (1, 1, 100)
     assert (c.vf_loss_coeff, c.entropy_coeff, c.learner_queue_size) == (0.5, 0.01, 16)
     assert c.target_update_frequency == 1
+    assert APPOConfig(num_sgd_iter=3, minibatch_buffer_size=4).target_update_frequency == 12
     assert APPOConfig.from_dict({"vtrace": False}).vtrace is False  # IMPALA refuses it
     for bad, fragment in (
         ({"clip_param": 0.0}, "clip_param"),
         ({"kl_target": 0.0}, "kl_target"),
         ({"use_critic": False}, "GAE needs a value function"),
-        ({"minibatch_buffer_size": 2}, "only 1 is supported"),
+        ({"minibatch_buffer_size": 0}, "minibatch_buffer_size"),
         ({"use_kl_los": True}, "did you mean 'use_kl_loss'"),
     ):
         with pytest.raises(ValueError, match=fragment):
@@ -265,6 +266,30 @@ def test_target_and_kl_update_every_num_sgd_iter_env_steps(num_sgd_iter, use_kl_
         else:
             want = coeff
         assert float(after.kl_coeff) == pytest.approx(want)
+
+
+def test_target_update_with_the_minibatch_buffer():
+    """`minibatch_buffer_size` 8 x `num_sgd_iter` 8: RLlib's frequency is their product (64
+    env steps, strictly exceeded) and the rule runs after every learner step: 8 steps a
+    cycle (on the ring's batches), of which only the cycle's first can see new env steps, so
+    the target moves in the same cycles as with one 8-pass step ([3, 6]) and stays between."""
+    plan = appo_plan({**SMALL, "num_sgd_iter": 8, "minibatch_buffer_size": 8}, env="CartPole-v1")
+    state = plan.init(jax.random.PRNGKey(0))
+    step = jax.jit(plan.step)
+    expected = _rllib_target_updates(32, 64, 7)
+    for i in range(1, 8):
+        before = state.policies[PID].params[TARGET]
+        state, result = step(state)
+        info = plan.report(result)["info"]
+        assert info["num_target_updates"] == sum(u <= i for u in expected)
+        after = state.policies[PID].params[TARGET]
+        kept = all(
+            bool(jnp.array_equal(a, b))
+            for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)
+        )
+        assert kept == (i not in expected)
+    # the ring fills one batch a cycle (1 learner step each) before 8 steps a cycle
+    assert info["num_steps_trained"] == 7 * 32 and int(state.policies[PID].version) == 7
 
 
 # ---- the CLI, devices, learning --------------------------------------------------------------

@@ -291,6 +291,10 @@ def test_async_configuration_errors():
         ParallelRollouts(build_workers(PPOConfig()), mode="bulk_sync", num_async=2)
     with pytest.raises(ValueError, match="valid modes"):
         ParallelRollouts(build_workers(PPOConfig()), mode="sync")
+    with pytest.raises(ValueError, match="broadcast_interval must be an integer >= 1"):
+        ParallelRollouts(build_workers(PPOConfig()), mode="async", broadcast_interval=0)
+    with pytest.raises(ValueError, match="broadcast_interval only applies to mode='async'"):
+        ParallelRollouts(build_workers(PPOConfig()), mode="bulk_sync", broadcast_interval=2)
     # the config leaves these to ParallelRollouts: building the plan raises (nothing compiles)
     with pytest.raises(ValueError, match=r"rollout_fragment_length \(200\).*multiple.*\(3\)"):
         ppo_plan(PPOConfig().updated({"rollout_mode": "async", "num_workers": 3}))

@@ -1,10 +1,12 @@
-"""RLlib's learner queue (`Enqueue`/`Dequeue` over a bounded FIFO, backpressure when full)
-and `MixInReplay` (`replay_proportion`, `replay_buffer_num_slots`) against RLlib's semantics,
-alone and inside IMPALA / APPO."""
+"""RLlib's learner queue (`Enqueue`/`Dequeue` over a bounded FIFO, backpressure when full),
+the learner's `MinibatchBuffer` (`minibatch_buffer_size`, `num_sgd_iter`) and `MixInReplay`
+(`replay_proportion`, `replay_buffer_num_slots`) against RLlib's semantics, alone and inside
+IMPALA / APPO."""
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,13 @@ from jaxplan.flow import Flow, Stage
 from jaxplan.impala.config import IMPALAConfig
 from jaxplan.impala.plan import impala_plan
 from jaxplan.stages.concurrently import Concurrently
-from jaxplan.stages.learner_queue import Dequeue, Enqueue, LearnerQueue, MixedBatches
+from jaxplan.stages.learner_queue import (
+    Dequeue,
+    Enqueue,
+    LearnerQueue,
+    MinibatchBuffer,
+    MixedBatches,
+)
 from jaxplan.stages.mix_in_replay import MixInReplay
 
 SMALL = {
@@ -89,6 +97,75 @@ def test_queue_is_a_bounded_fifo_with_backpressure(workers, per_pull, capacity):
     assert int(own.num_enqueued) == produced and int(own.num_dequeued) == 12
     if per_pull > 1:
         assert not all(p for _, p in expected)  # backpressure happened
+
+
+class Recorder(Stage):
+    """Logs the id of every batch that reaches it (`[64]` int32, -1 unused) and passes it on."""
+
+    def init(self, state):
+        return state, (jnp.full((64,), -1, jnp.int32), jnp.int32(0))
+
+    def apply(self, state, own, batch):
+        log, n = own
+        return state, (log.at[n].set(batch.policy_batches[PID]["id"][0]), n + 1), batch
+
+
+def _minibatch_buffer(size, passes, capacity, cycles):
+    """RLlib's `LearnerThread` over a `MinibatchBuffer(inqueue, size, num_passes=passes)` (its
+    `get`: refill the current slot when its passes are used up, waiting while the queue is
+    empty; return it; next slot), `passes` gets a cycle after the producer pushed one batch
+    if the queue had room. Returns per cycle the ids trained on, the batches taken from the
+    queue so far and whether the producer was pulled."""
+    queue, ttl, ring, idx, made, taken, out = deque(), [0] * size, [None] * size, 0, 0, 0, []
+    for _ in range(cycles):
+        pulled = len(queue) < capacity
+        if pulled:
+            queue.append(made)
+            made += 1
+        steps = []
+        for _ in range(passes):
+            if ttl[idx] <= 0:
+                if not queue:  # RLlib's get blocks: this learner step does not happen
+                    continue
+                ring[idx], ttl[idx], taken = queue.popleft(), passes, taken + 1
+            steps.append(ring[idx])
+            ttl[idx] -= 1
+            idx = (idx + 1) % size
+        out.append((steps, taken, pulled))
+    return out
+
+
+@pytest.mark.parametrize("size,passes,capacity", [(2, 2, 4), (3, 2, 1), (2, 3, 4), (4, 2, 8)])
+def test_minibatch_buffer_follows_rllib(workers, size, passes, capacity):
+    """The learner flow `MinibatchBuffer(queue, num_passes) -> ...` pulled `num_passes` times
+    a cycle (IMPALA's `repeat`): the batch of every learner step, the cycles in which a slot
+    is refilled from the queue and the producer's backpressure are RLlib's (the Python model
+    above); each batch is trained on exactly `num_passes` times, `size` of them in turn."""
+    producer = Flow.source(Numbered())
+    queue = LearnerQueue(workers, producer, learner_queue_size=capacity, minibatch_buffer_size=size)
+    enqueue_op = producer.for_each(Enqueue(queue))
+    learner = MinibatchBuffer(queue, num_passes=passes).for_each(Recorder()).repeat(passes)
+    merged = Concurrently([enqueue_op, learner], mode="async", output_indexes=[1])
+    state = merged.init(workers.init(jax.random.PRNGKey(0)))
+    pull = jax.jit(merged.pull)
+    expected = _minibatch_buffer(size, passes, capacity, 14)
+    trained, produced = [], 0
+    for steps, taken, pulled in expected:
+        state, batch = pull(state)
+        log, n = state.stages["recorder"]
+        new = [int(i) for i in log[len(trained) : int(n)]]
+        assert new == steps
+        trained += new
+        if steps:  # the cycle's item: its last learner step's batch
+            np.testing.assert_array_equal(batch.policy_batches[PID]["id"], steps[-1])
+        produced += pulled
+        assert int(state.stages["numbered"]) == produced
+        assert int(state.stages["learner_queue"].num_dequeued) == taken
+    counts = np.bincount(trained)
+    assert (counts[: len(counts) - size] == passes).all()  # all but the last ring's: k times
+    assert trained[:size] == list(range(size))  # B batches in turn, not one k times
+    if capacity >= size:  # the queue absorbs the ring's refill bursts: k steps every cycle
+        assert all(len(steps) == passes for steps, _, _ in expected[size:])
 
 
 def test_queue_needs_room_for_one_pull(workers):

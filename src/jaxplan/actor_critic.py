@@ -22,12 +22,26 @@ from jaxplan.recurrent import replay_fragment, replay_sequences
 from jaxplan.vtrace import vtrace
 
 
+def scale_by_optimizer(config: TrainerConfig) -> optax.GradientTransformation:
+    """The optimizer without its learning rate: Adam (eps 1e-8), or with the config's
+    `opt_type="rmsprop"` (IMPALA, APPO) RLlib's RMSProp as its torch policies build it
+    (`torch.optim.RMSprop(lr, alpha=decay, eps=epsilon, momentum=momentum)`: the mean square
+    starts at 0, `g / (sqrt(ms) + epsilon)`, then momentum if > 0)."""
+    if getattr(config, "opt_type", "adam") != "rmsprop":
+        return optax.scale_by_adam(eps=1e-8)
+    rms = optax.scale_by_rms(decay=config.decay, eps=config.epsilon, eps_in_sqrt=False)
+    if not config.momentum:
+        return rms
+    return optax.chain(rms, optax.trace(decay=config.momentum))
+
+
 class ActorCriticPolicy:
     """Implements `jaxplan.policy.Policy` but `loss` (static: shapes and fixed options only).
 
     `hparams_class` is the algorithm's traced hyper-parameters (with at least `lr`, `gamma`
     and `lambda_`); `config.model` picks the network (`jaxplan.models.build_model`),
-    `config.grad_clip` the global-norm clipping before Adam (eps 1e-8)."""
+    `config.grad_clip` the global-norm clipping before Adam (eps 1e-8) or RMSProp
+    (`scale_by_optimizer`)."""
 
     hparams_class: type[HParams]
 
@@ -47,7 +61,7 @@ class ActorCriticPolicy:
         # `optax.flatten` runs the optimizer on one vector of all params: the same update, but
         # one set of kernels instead of one per parameter array (less compile and run time).
         clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else optax.identity()
-        self.tx = optax.flatten(optax.chain(clip, optax.scale_by_adam(eps=1e-8)))
+        self.tx = optax.flatten(optax.chain(clip, scale_by_optimizer(config)))
 
     def init(self, key: jax.Array, hparams: Any = None) -> PolicyState:
         """Fresh params and optimizer state. `hparams`: the config's traced hyper-parameters

@@ -200,16 +200,34 @@ class Flow:
     def repeat(self, n: int) -> Flow:
         """Each item is the last of the next `n` items of this flow (a `lax.scan`): RLlib
         pulls a plan's iterator until an iteration's `timesteps_per_iteration` are sampled
-        (`OncePerTimestepsElapsed`); here the number of pulls is static."""
+        (`OncePerTimestepsElapsed`); here the number of pulls is static. A flow with a
+        `ready` is pulled `n` times only while ready (`pull_if_ready` each time: a pull that
+        is not ready leaves the state) and the item is the last ready pull's; the repeated
+        flow is ready when this one is."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"Flow.repeat(n) needs an integer n >= 1, got {n!r}")
         upstream = self.pull
+        if self.ready is None:
 
-        def pull(state: PlanState) -> tuple[PlanState, Any]:
-            state, items = jax.lax.scan(lambda s, _: upstream(s), state, None, length=n)
-            return state, jax.tree.map(lambda x: x[-1], items)
+            def pull(state: PlanState) -> tuple[PlanState, Any]:
+                state, items = jax.lax.scan(lambda s, _: upstream(s), state, None, length=n)
+                return state, jax.tree.map(lambda x: x[-1], items)
 
-        return Flow(pull, self.stages, self.ready)
+            return Flow(pull, self.stages, self.ready)
+
+        def pull_ready(state: PlanState) -> tuple[PlanState, Any]:
+            def body(carry, _):
+                s, last = carry
+                s, item, ok = self.pull_if_ready(s)
+                return (s, jax.tree.map(lambda a, b: jnp.where(ok, a, b), item, last)), None
+
+            _, shapes = jax.eval_shape(upstream, state)
+            (state, item), _ = jax.lax.scan(
+                body, (state, jax.tree.map(_zeros, shapes)), None, length=n
+            )
+            return state, item
+
+        return Flow(pull_ready, self.stages, self.ready)
 
     def init(self, state: PlanState) -> PlanState:
         """Runs the stages' `init` in flow order on a fresh core state; stores their states."""

@@ -15,6 +15,8 @@ with the newest params (the ones it is about to be trained with), when it is ful
   `num_async - 1` rounds earlier with `num_async > 1` (RLlib's requests in flight per worker).
   Fragments are `g - 1 + num_async - 1` train steps stale when one round feeds each step. The
   snapshots, fragment buffers and the params queue are the stage's state (`RolloutState`).
+  With `broadcast_interval` (IMPALA, APPO: RLlib's `BroadcastUpdateLearnerWeights`) the params
+  a group takes are the last *broadcast* weights instead of the newest: see `Rollouts`.
 
 Randomness is drawn per global actor group (`jaxplan.stages.acting`), so the data do not
 depend on how the groups are spread over devices. On a mesh each device's rows are its own
@@ -68,31 +70,74 @@ class StaggeredGroups:
 
 
 @struct.dataclass
+class BroadcastState:
+    """RLlib's `BroadcastUpdateLearnerWeights` state (replicated): per policy the weights last
+    broadcast (`{}` with `broadcast_interval` 1: they are always the newest) and their version
+    (int32); the fragments returned since that broadcast (RLlib's `steps_since_broadcast`)
+    and the number of broadcasts (RLlib's `num_weight_broadcasts` counter), int32."""
+
+    params: dict[str, Any]
+    version: dict[str, jax.Array]
+    since: jax.Array
+    num_weight_broadcasts: jax.Array
+
+
+@struct.dataclass
 class RolloutState:
     """Async rollouts' own state: the staggered groups and, with `num_async = k > 1`, the
-    `(params, version)` newest in each of the last `k - 1` rounds (oldest first, leading dim
-    `[k - 1]`, replicated); `{}` for `k = 1`."""
+    `(params, version)` delivered in each of the last `k - 1` rounds (oldest first, leading
+    dim `[k - 1]`, replicated; `{}` for `k = 1`); with `broadcast_interval`, the
+    `BroadcastState` (`{}` without)."""
 
     groups: StaggeredGroups
     queue: dict[str, Any]
+    broadcast: BroadcastState | dict
 
 
 def ParallelRollouts(  # noqa: N802 - RLlib's name
-    workers: WorkerSet, *, mode: str = "bulk_sync", num_async: int = 1
+    workers: WorkerSet,
+    *,
+    mode: str = "bulk_sync",
+    num_async: int = 1,
+    broadcast_interval: int | None = None,
 ) -> Flow:
     """A flow of rollout rounds, each a postprocessed `MultiAgentBatch` (rows time-major):
     `bulk_sync` yields `num_workers x num_envs_per_worker x rollout_fragment_length` env steps
     per round, `async` one fragment (`num_envs_per_worker x rollout_fragment_length`) per
-    device (see the module docstring)."""
-    return Flow.source(Rollouts(workers, mode=mode, num_async=num_async))
+    device (see the module docstring). `broadcast_interval` (async only): the groups take the
+    weights RLlib's `BroadcastUpdateLearnerWeights` would send them (`Rollouts`)."""
+    return Flow.source(
+        Rollouts(workers, mode=mode, num_async=num_async, broadcast_interval=broadcast_interval)
+    )
 
 
 class Rollouts(Stage):
-    """The rollout stage behind `ParallelRollouts` (a flow source: it ignores its item)."""
+    """The rollout stage behind `ParallelRollouts` (a flow source: it ignores its item).
+
+    `broadcast_interval = n` (async; IMPALA's and APPO's key) applies RLlib 1.x's
+    `BroadcastUpdateLearnerWeights` to the params a group takes when it starts a fragment:
+    RLlib keeps the weights it last broadcast and sends them to every worker that returns a
+    batch; it counts the returned batches (one counter for all workers) and, once `n` were
+    returned since the last broadcast *and* the learner has updated the weights since,
+    broadcasts the learner's current weights (counter reset, `num_weight_broadcasts` + 1).
+    Here a returned batch is a completed fragment, and the rule runs when the groups that
+    returned one start the next: `since` (fragments returned since the last broadcast) `>= n`
+    and some policy's version differs from the broadcast one. The `num_devices` fragments of
+    one round are handled together (one decision per round; on one device exactly RLlib's
+    sequence). `n = 1` delivers the newest params as without it, and counts the broadcasts;
+    `n > 1` keeps each set of weights for about `n` deliveries (policy lag up to `n - 1`
+    updates more). `None`: no broadcast bookkeeping (PPO's async rollouts)."""
 
     name = "parallel_rollouts"
 
-    def __init__(self, workers: WorkerSet, *, mode: str = "bulk_sync", num_async: int = 1):
+    def __init__(
+        self,
+        workers: WorkerSet,
+        *,
+        mode: str = "bulk_sync",
+        num_async: int = 1,
+        broadcast_interval: int | None = None,
+    ):
         if mode not in ROLLOUT_MODES:
             raise ValueError(
                 f"ParallelRollouts mode {mode!r} is not supported; valid modes: {ROLLOUT_MODES}"
@@ -101,6 +146,16 @@ class Rollouts(Stage):
             raise ValueError(f"num_async must be an integer >= 1, got {num_async!r}")
         if mode == "bulk_sync" and num_async != 1:
             raise ValueError(f"num_async={num_async} only applies to mode='async'")
+        if broadcast_interval is not None and (
+            isinstance(broadcast_interval, bool)
+            or not isinstance(broadcast_interval, int)
+            or broadcast_interval < 1
+        ):
+            raise ValueError(
+                f"broadcast_interval must be an integer >= 1, got {broadcast_interval!r}"
+            )
+        if mode == "bulk_sync" and broadcast_interval is not None:
+            raise ValueError("broadcast_interval only applies to mode='async'")
         g, t = workers.local_groups, workers.rollout_fragment_length
         if mode == "async" and t % g:
             where = f" per device ({workers.num_shards} devices)" if workers.num_shards > 1 else ""
@@ -112,6 +167,7 @@ class Rollouts(Stage):
         self.workers = workers
         self.staggered = mode == "async"
         self.num_async = num_async
+        self.broadcast_interval = broadcast_interval
         self.phases = g if self.staggered else 1  # groups completing at different rounds
         self.segment = t // self.phases
 
@@ -167,20 +223,35 @@ class Rollouts(Stage):
             return (_update_filters(state, observed), staggered), None
 
         (state, staggered), _ = jax.lax.scan(pre_roll, (state, staggered), jnp.arange(g - 1))
-        return state, RolloutState(groups=staggered, queue=queue)
+        broadcast = {}
+        if self.broadcast_interval is not None:  # RLlib's: the initial weights, not counted
+            zero = jnp.zeros((), jnp.int32)
+            broadcast = BroadcastState(
+                params={}
+                if self.broadcast_interval == 1
+                else {pid: ps.params for pid, ps in state.policies.items()},
+                version={pid: ps.version for pid, ps in state.policies.items()},
+                since=zero,
+                num_weight_broadcasts=zero,
+            )
+        return state, RolloutState(groups=staggered, queue=queue, broadcast=broadcast)
 
     def partition_spec(self) -> RolloutState:
-        return RolloutState(groups=P(AXIS), queue=P())
+        return RolloutState(groups=P(AXIS), queue=P(), broadcast=P())
 
     def metrics(self, state: PlanState, rs: RolloutState | None) -> dict:
         """`info.actor_group_versions`: per policy the params version each actor group acts
-        with (`int32 [num_actor_groups]`, all devices' groups; bulk_sync: the newest)."""
+        with (`int32 [num_actor_groups]`, all devices' groups; bulk_sync: the newest); with
+        `broadcast_interval`, `info.num_weight_broadcasts` (RLlib's counter)."""
         if rs is None:
             groups = self.workers.num_actor_groups
             versions = {pid: jnp.full((groups,), ps.version) for pid, ps in state.policies.items()}
         else:
             versions = devices.gather(rs.groups.version, self.workers.axis_name)
-        return {"info": {"actor_group_versions": versions}}
+        info = {"actor_group_versions": versions}
+        if rs is not None and isinstance(rs.broadcast, BroadcastState):
+            info["num_weight_broadcasts"] = rs.broadcast.num_weight_broadcasts
+        return {"info": info}
 
     # ---- one round ------------------------------------------------------------------------
     def apply(self, state: PlanState, rs: RolloutState | None, item: Any = None):
@@ -207,6 +278,9 @@ class Rollouts(Stage):
             rs = rs.replace(
                 groups=staggered.replace(fragment=fragment, fill=jnp.where(fill == t, 0, fill))
             )
+            if isinstance(rs.broadcast, BroadcastState):  # one fragment returned per device
+                since = rs.broadcast.since + workers.num_shards
+                rs = rs.replace(broadcast=rs.broadcast.replace(since=since))
         emitted_groups = workers.local_groups // self.phases
         local_steps = emitted_groups * workers.num_envs_per_worker * t
         batches = {}
@@ -231,19 +305,64 @@ class Rollouts(Stage):
         timestep = state.counters.num_steps_sampled.to_float()
         return acting_params(self.workers.policies[pid], state.policies[pid], timestep)
 
+    def _broadcast(self, state: PlanState, rs: RolloutState) -> tuple[RolloutState, dict]:
+        """RLlib's `BroadcastUpdateLearnerWeights` for the groups starting a fragment (see
+        `Rollouts`): the new `RolloutState` and per policy the `(acting params, version)` the
+        groups are sent (without `broadcast_interval`: the newest)."""
+        bs = rs.broadcast
+        if not isinstance(bs, BroadcastState):
+            return rs, {
+                pid: (self._acting(state, pid), ps.version) for pid, ps in state.policies.items()
+            }
+        updated = jnp.any(
+            jnp.stack([ps.version != bs.version[pid] for pid, ps in state.policies.items()])
+        )
+        now = updated & (bs.since >= self.broadcast_interval)
+        bs = bs.replace(
+            version={
+                pid: jnp.where(now, ps.version, bs.version[pid])
+                for pid, ps in state.policies.items()
+            },
+            since=jnp.where(now, 0, bs.since),
+            num_weight_broadcasts=bs.num_weight_broadcasts + now.astype(jnp.int32),
+        )
+        if self.broadcast_interval == 1:  # the broadcast weights are the newest
+            sent = {
+                pid: (self._acting(state, pid), ps.version) for pid, ps in state.policies.items()
+            }
+            return rs.replace(broadcast=bs), sent
+        bs = bs.replace(
+            params={
+                pid: jax.tree.map(lambda n, o: jnp.where(now, n, o), ps.params, bs.params[pid])
+                for pid, ps in state.policies.items()
+            }
+        )
+        timestep = state.counters.num_steps_sampled.to_float()
+        sent = {  # RLlib sends the current global vars (timestep) with the kept weights
+            pid: (
+                acting_params(
+                    self.workers.policies[pid], ps.replace(params=bs.params[pid]), timestep
+                ),
+                bs.version[pid],
+            )
+            for pid, ps in state.policies.items()
+        }
+        return rs.replace(broadcast=bs), sent
+
     def _deliver(self, state: PlanState, rs: RolloutState) -> RolloutState:
-        """Groups starting a fragment take the newest params (or, with `num_async = k > 1`,
-        the ones newest `k - 1` rounds ago; the queue then takes the newest)."""
+        """Groups starting a fragment take the params sent to them (`_broadcast`: the newest,
+        or the last broadcast ones); with `num_async = k > 1` the ones sent `k - 1` rounds
+        ago (the queue then takes this round's)."""
+        rs, sent = self._broadcast(state, rs)
         queue, delivered = dict(rs.queue), {}
-        for pid, ps in state.policies.items():
-            newest = (self._acting(state, pid), ps.version)
+        for pid in state.policies:
             if self.num_async > 1:
                 delivered[pid] = jax.tree.map(lambda q: q[0], queue[pid])
                 queue[pid] = jax.tree.map(
-                    lambda q, n: jnp.concatenate([q[1:], n[None]]), queue[pid], newest
+                    lambda q, n: jnp.concatenate([q[1:], n[None]]), queue[pid], sent[pid]
                 )
             else:
-                delivered[pid] = newest
+                delivered[pid] = sent[pid]
         groups = rs.groups
         starting = groups.fill == 0
         groups = groups.replace(
@@ -256,7 +375,7 @@ class Rollouts(Stage):
                 for pid in state.policies
             },
         )
-        return RolloutState(groups=groups, queue=queue)
+        return rs.replace(groups=groups, queue=queue)
 
     def _advance(self, state, params, key, axis, *, per_group=False, active=None):
         """Every (local) group steps `segment` times from `state.actors` with `params` (per
