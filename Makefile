@@ -19,7 +19,7 @@ train: $(STAMP)
 ## test: the whole test suite (what CI runs)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 ## strip-notebooks: remove outputs and metadata noise (tests/test_notebooks.py checks it)
 strip-notebooks: $(STAMP)
