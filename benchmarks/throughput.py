@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     raw = next((r["steps_per_s"] for r in rows if r["case"] == "gymnax_random_2048"), None)
     for r in rows:
         r["ratio_to_ppo"] = r["steps_per_s"] / base if base else None
-        wide = r["case"] in WIDE_CASES
+        wide = r["case"] in WIDE_CASES and r["case"] != "ppo_2048"  # acting rows only
         r["ratio_to_gymnax"] = r["steps_per_s"] / raw if raw and wide else None
         mem = r.get("program_bytes")
         r["program_MiB"] = mem / 2**20 if mem is not None else None
