@@ -106,11 +106,11 @@ SAMPLE_CASES: dict[str, tuple[str, str]] = {
     "random_async": ("async", "random"),
 }
 WIDE_ENVS = 2048  # 8 workers x 256 envs
-WIDE_CASES: dict[str, str | None] = {
-    "ppo_2048": "ppo training",
+WIDE_CASES: dict[str, str | None] = {  # case -> policy (None: raw gymnax, no jaxplan)
+    "ppo_2048": "ppo",  # training; the others act only
     "sample_only_2048": "ppo",
     "random_2048": "random",
-    "gymnax_random_2048": None,  # raw gymnax, no jaxplan
+    "gymnax_random_2048": None,
 }
 CASES = (*PPO_CASES, *SAMPLE_CASES, "ppo_vmap8", *WIDE_CASES)
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
             train = jaxplan.make_train(sample, iterations)
             row, (_, res) = measure(case, train, key, args.repeats, steps)
         elif case in WIDE_CASES:
-            mode, policy = "bulk_sync", (WIDE_CASES[case] or "gymnax").split()[0]
+            mode, policy = "bulk_sync", WIDE_CASES[case] or "gymnax"
             iterations = args.wide_iterations
             wide_envs = WIDE_ENVS // config.num_workers
             row_config = config.updated({"num_envs_per_worker": wide_envs})

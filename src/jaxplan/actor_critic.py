@@ -135,18 +135,10 @@ class ActorCriticPolicy:
         (recurrent: from the replay of the fragment, `jaxplan.recurrent.replay_fragment`)."""
         if self.recurrent:
             _, vf_preds, next_values = replay_fragment(self.net, params, traj, self.max_seq_len)
-            return (
-                traj[sb.REWARDS],
-                vf_preds,
-                next_values,
-                traj[sb.TERMINATEDS],
-                traj[sb.TRUNCATEDS],
-                hparams.gamma,
-                hparams.lambda_,
-            )
-        obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
-        values = self.net.value(params, obs_and_next)
-        vf_preds, next_values = jnp.split(values, 2, axis=0)
+        else:
+            obs_and_next = jnp.concatenate([traj[sb.OBS], traj[sb.NEXT_OBS]], axis=0)
+            values = self.net.value(params, obs_and_next)
+            vf_preds, next_values = jnp.split(values, 2, axis=0)
         return (
             traj[sb.REWARDS],
             vf_preds,
