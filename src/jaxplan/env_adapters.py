@@ -36,6 +36,18 @@ def _select(done: jax.Array, on_done: Any, otherwise: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(done, a, b).astype(b.dtype), on_done, otherwise)
 
 
+def _known_name(library: str, prefix: str, name: str, registered: list[str]) -> None:
+    """`ValueError` naming the nearest and all of `library`'s env names when `name` is not
+    one of `registered`."""
+    if name not in registered:
+        close = difflib.get_close_matches(name, registered, n=1)
+        hint = f" Did you mean {prefix}{close[0]}?" if close else ""
+        raise ValueError(
+            f"Unknown {library} env {name!r}.{hint} Valid {library} envs: "
+            + ", ".join(prefix + n for n in registered)
+        )
+
+
 def _unknown_keys(env: str, given: dict, valid: list[str]) -> None:
     """`ValueError` naming the first unknown `env_config` key, its nearest valid name and all
     valid ones."""
@@ -133,14 +145,8 @@ class BraxEnv:
         from brax.envs.base import PipelineEnv
         from brax.envs.wrappers.training import EpisodeWrapper
 
-        registered = sorted(envs._envs)  # brax 0.14 has no public list of its env names
-        if name not in registered:
-            close = difflib.get_close_matches(name, registered, n=1)
-            hint = f" Did you mean {BRAX_PREFIX}{close[0]}?" if close else ""
-            raise ValueError(
-                f"Unknown Brax env {name!r}.{hint} Valid Brax envs: "
-                + ", ".join(BRAX_PREFIX + n for n in registered)
-            )
+        # brax 0.14 has no public list of its env names
+        _known_name("Brax", BRAX_PREFIX, name, sorted(envs._envs))
         self.name = BRAX_PREFIX + name
         valid = ["episode_length", "action_repeat"] + [
             k for k in _init_params(envs._envs[name], PipelineEnv) if k != "sys"
@@ -226,14 +232,7 @@ class JumanjiEnv:
 
     def __init__(self, name: str, **kwargs: Any):
         jumanji = import_jumanji()
-        registered = sorted(jumanji.registered_environments())
-        if name not in registered:
-            close = difflib.get_close_matches(name, registered, n=1)
-            hint = f" Did you mean {JUMANJI_PREFIX}{close[0]}?" if close else ""
-            raise ValueError(
-                f"Unknown Jumanji env {name!r}.{hint} Valid Jumanji envs: "
-                + ", ".join(JUMANJI_PREFIX + n for n in registered)
-            )
+        _known_name("Jumanji", JUMANJI_PREFIX, name, sorted(jumanji.registered_environments()))
         self.name = JUMANJI_PREFIX + name
         if kwargs:
             from jumanji import registration
@@ -331,10 +330,7 @@ def _jumanji_space(name: str, spec: Any) -> ActionSpace:
             )
         return Discrete(n)
     if kind == "BoundedArray" and np.issubdtype(spec.dtype, np.floating):
-        shape = tuple(spec.shape) or (1,)
-        low = np.broadcast_to(np.asarray(spec.minimum, np.float32), shape).copy()
-        high = np.broadcast_to(np.asarray(spec.maximum, np.float32), shape).copy()
-        return Box(shape, low, high)
+        return Box.bounded(spec.shape, spec.minimum, spec.maximum)
     raise ValueError(
         f"{name}: action spec {spec!r} is not supported (jaxplan maps DiscreteArray, "
         "MultiDiscreteArray and float BoundedArray)"

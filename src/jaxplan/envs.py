@@ -63,6 +63,14 @@ class Box:
     low: Any
     high: Any
 
+    @classmethod
+    def bounded(cls, shape: tuple[int, ...], low: Any, high: Any) -> Box:
+        """A Box of `shape` (`()` -> `(1,)`) with `low`/`high` broadcast to it as float32."""
+        shape = tuple(shape) or (1,)
+        low = np.broadcast_to(np.asarray(low, np.float32), shape).copy()
+        high = np.broadcast_to(np.asarray(high, np.float32), shape).copy()
+        return cls(shape, low, high)
+
     def __hash__(self):  # numpy arrays are not hashable; bounds are fixed per env
         return hash((self.shape, np.asarray(self.low).tobytes(), np.asarray(self.high).tobytes()))
 
@@ -211,10 +219,7 @@ def _convert_space(name: str, space: Any) -> ActionSpace:
     if isinstance(space, spaces.Discrete):
         return Discrete(int(space.n))
     if isinstance(space, spaces.Box):
-        shape = tuple(space.shape) or (1,)
-        low = np.broadcast_to(np.asarray(space.low, np.float32), shape).copy()
-        high = np.broadcast_to(np.asarray(space.high, np.float32), shape).copy()
-        return Box(shape, low, high)
+        return Box.bounded(space.shape, space.low, space.high)
     raise ValueError(
         f"{name}: action space {type(space).__name__} is not supported "
         "(jaxplan supports Discrete and Box)"
