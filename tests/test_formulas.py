@@ -504,6 +504,27 @@ def test_diag_gaussian_against_reference():
     np.testing.assert_allclose(kl_self, 0.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 1)])
+def test_samples_are_jax_randoms_numbers(shape):
+    """`Categorical.sample` and `DiagGaussian.sample` draw their noise flat (`flat_draw`, a
+    rank-1 draw XLA compiles faster under `vmap`): bitwise `jax.random.categorical` and
+    `jax.random.normal`'s numbers, alone and `vmap`ped over keys (one per actor group)."""
+    rng = np.random.default_rng(7)
+    keys = jax.random.split(jax.random.PRNGKey(3), 4)
+    logits = f32(rng.normal(size=(4, *shape, 3)) * 3.0)
+    cat = Categorical(3)
+    ours = jax.jit(jax.vmap(cat.sample))(keys, logits)
+    theirs = jax.jit(jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1)))(keys, logits)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    np.testing.assert_array_equal(np.asarray(cat.sample(keys[0], logits[0])), np.asarray(theirs[0]))
+    assert len(np.unique(np.asarray(ours))) == 3  # not a constant
+
+    gauss = DiagGaussian(2)  # mean 0, log_std 0: the sample is the noise itself
+    ours = jax.jit(jax.vmap(gauss.sample))(keys, jnp.zeros((4, *shape, 4)))
+    noise = jax.jit(jax.vmap(lambda k: jax.random.normal(k, (*shape, 2))))(keys)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(noise))
+
+
 # ---------------------------------------------------------------------------------------------
 # KL coefficient rule
 # ---------------------------------------------------------------------------------------------

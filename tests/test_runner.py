@@ -32,3 +32,28 @@ def test_runner_two_seeds_without_files(tmp_path, monkeypatch):
     first, last = results[0]["time_this_iter_s"], results[-1]["time_this_iter_s"]
     assert results[-1]["time_total_s"] == pytest.approx(2 * first + last)
     assert list(runner) == [] and list(tmp_path.iterdir()) == []  # done; wrote nothing
+
+
+@pytest.mark.parametrize("seeds", [[5], [5, 6]])
+def test_runner_state_is_run_iterations(seeds):
+    """On one device the runner compiles init in a thread while it traces the chunk from
+    init's abstract outputs: it ends with bitwise the state of `run_iterations` from a jitted
+    `plan.init` (`vmap`ped over the seeds, as the runner does for several)."""
+    import jax
+    import numpy as np
+
+    from jaxplan.run import run_iterations
+
+    plan = jaxplan.ppo_plan(TINY, env="CartPole-v1")
+    stop = jaxplan.Stop(training_iteration=3)
+    runner = Runner(plan, seeds=seeds, stop=stop, chunk=3)
+    runner.run()
+    init, run = plan.init, lambda s: run_iterations(plan, s, 3, stop)
+    keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
+    if len(seeds) == 1:
+        keys = keys[0]
+    else:
+        init, run = jax.vmap(init), jax.vmap(run)
+    state, _ = jax.jit(run)(jax.jit(init)(keys))
+    for a, b in zip(jax.tree.leaves(runner.state), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -22,6 +22,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -337,28 +338,43 @@ class Runner:
         t0 = time.perf_counter()
         # host arrays: in a multi-process run every process passes the same (replicated) keys
         keys = np.asarray(jax.vmap(jax.random.PRNGKey)(jnp.asarray(self.seeds, jnp.uint32)))
-        if len(self.seeds) > 1:  # a vmap of one seed would cost compile time for nothing
-            init = jax.jit(jax.vmap(plan.init)).lower(keys).compile()
-            traced = jax.jit(jax.vmap(run_chunk), donate_argnums=0).trace(init.out_info)
-            check_memory(traced.jaxpr, init.out_info, self.plan.workers)
-            self._chunk_fn = traced.lower().compile()
-            self.state = init(keys)
+        vmapped = len(self.seeds) > 1  # a vmap of one seed would cost compile time for nothing
+        init_fn, chunk_fn, init_arg = plan.init, run_chunk, keys[0]
+        if vmapped:
+            init_fn, chunk_fn, init_arg = jax.vmap(plan.init), jax.vmap(run_chunk), keys
+        init_lowered = jax.jit(init_fn).lower(init_arg)
+        if self.plan.workers.mesh is None and jax.process_count() == 1:
+            # one device: init's XLA compile runs in a thread while the chunk is traced and
+            # lowered (Python, one core) from init's abstract outputs (the same avals; the
+            # default device's placement)
+            with ThreadPoolExecutor(1) as pool:
+                init_compiling = pool.submit(init_lowered.compile)
+                compiled = self._compile_chunk(chunk_fn, jax.eval_shape(init_fn, init_arg))
+                init = init_compiling.result()
+        else:  # a mesh: the chunk takes the compiled init's output shardings
+            init = init_lowered.compile()
+            compiled = self._compile_chunk(chunk_fn, init.out_info)
+        if vmapped:
+            self._chunk_fn = compiled
         else:
-            init = jax.jit(plan.init).lower(keys[0]).compile()
-            traced = jax.jit(run_chunk, donate_argnums=0).trace(init.out_info)
-            check_memory(traced.jaxpr, init.out_info, self.plan.workers)
-            compiled = traced.lower().compile()
 
-            def chunk_fn(state):
+            def one_seed_chunk(state):
                 state, results = compiled(state)
                 return state, jax.tree.map(lambda x: x[None], results)
 
-            self._chunk_fn = chunk_fn
-            self.state = init(keys[0])
+            self._chunk_fn = one_seed_chunk
+        self.state = init(init_arg)
         self.compile_s = time.perf_counter() - t0
         if self.resume:
             self._restore(init.out_info)
         return self
+
+    def _compile_chunk(self, chunk_fn: Callable, state_info: Any) -> Any:
+        """The compiled chunk for a state of `state_info` (its buffers donated), after
+        `check_memory` of its program."""
+        traced = jax.jit(chunk_fn, donate_argnums=0).trace(state_info)
+        check_memory(traced.jaxpr, state_info, self.plan.workers)
+        return traced.lower().compile()
 
     def _restore(self, placement) -> None:
         """Replaces the fresh state by the checkpointed one, laid out as `placement` (the

@@ -7,7 +7,7 @@ RLlib keeps this state inside Ray actors; jaxplan keeps it in `PlanState`, so a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -113,6 +113,20 @@ class PlanState:
     counters: Counters
     key: jax.Array
     stages: dict[str, Any]
+
+
+def vmap_envs(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (one env) over arguments with leading `[groups, envs]` axes, as one `vmap` over the
+    flattened `groups * envs` axis: the same numbers as `vmap(vmap(fn))`, but rank-1 batches
+    (XLA's CPU compile of the env's random-number loops is ~2x slower over two axes)."""
+
+    def batched(*args):
+        lead = jax.tree.leaves(args)[0].shape[:2]
+        flat = jax.tree.map(lambda x: x.reshape(lead[0] * lead[1], *x.shape[2:]), args)
+        out = jax.vmap(fn)(*flat)
+        return jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), out)
+
+    return batched
 
 
 class WorkerSet:
@@ -309,7 +323,7 @@ class WorkerSet:
         `[groups, envs]`), with zero episode returns and lengths."""
         groups, envs = self.num_actor_groups, self.num_envs_per_worker
         env_keys = jax.random.split(key, groups * envs).reshape(groups, envs, -1)
-        obs, env_state = jax.vmap(jax.vmap(self.ma_env.reset))(env_keys)
+        obs, env_state = vmap_envs(self.ma_env.reset)(env_keys)
         return ActorState(
             env_state=strong_types(env_state),
             obs=obs,

@@ -18,7 +18,7 @@ from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.envs import Box
 from jaxplan.filters import MeanStd, clip_rewards
-from jaxplan.workers import ActorState, WorkerSet
+from jaxplan.workers import ActorState, WorkerSet, vmap_envs
 
 
 def to_env_action(space, actions: jax.Array, *, normalize_actions: bool) -> jax.Array:
@@ -131,7 +131,7 @@ def step_envs(
             )
         transitions[pid] = {sb.OBS: obs, sb.ACTIONS: pol_actions, **extras}
     env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
-    obs, env_state, reward, terminated, truncated, final_obs = jax.vmap(jax.vmap(env.step))(
+    obs, env_state, reward, terminated, truncated, final_obs = vmap_envs(env.step)(
         devices.local_slice(env_keys, axis_name), actors.env_state, actions
     )
     for pid, agents in workers.policy_agents.items():
