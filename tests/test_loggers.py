@@ -91,16 +91,18 @@ def _check_csv(path, rows):
                 assert float(got[key]) == float(leaves[key]), key
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A fresh 2-seed run of 3 iterations, then resumed to 5; the outputs of both."""
-    out = tmp_path_factory.mktemp("loggers") / "run"
+def test_csv_and_tensorboard_through_a_run_its_resume_and_a_new_run(tmp_path, capsys):
+    """One output folder through three runs, in order (one test: each step needs the files the
+    one before wrote, whichever pytest-xdist worker runs it): a fresh 2-seed run of 3
+    iterations, resumed to 5, then a new run in the same folder."""
+    out = tmp_path / "run"
     argv = ["train", "ppo", *TINY, "--num-seeds", "2", "--output", str(out)]
-    return out, argv
+    _first_run(out, argv, capsys)
+    _resume(out, capsys)
+    _new_run(out, argv, capsys)
 
 
-def test_csv_and_tensorboard_hold_every_result(run, capsys):
-    out, argv = run
+def _first_run(out, argv, capsys):
     assert cli.main([*argv, "--stop-iters", "3"]) == 0
     stdout = capsys.readouterr().out
     # not a terminal: plain lines at most every 10 s, so iteration 2 (the first chunk's last)
@@ -124,8 +126,7 @@ def test_csv_and_tensorboard_hold_every_result(run, capsys):
         )
 
 
-def test_resume_appends_to_csv_and_tensorboard(run, capsys):
-    out, argv = run
+def _resume(out, capsys):
     assert cli.main(["train", "ppo", "--resume", str(out), "--stop-iters", "5", "--quiet"]) == 0
     assert not [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("iter")]
     rows = _jsonl(out / "result.jsonl")
@@ -140,8 +141,8 @@ def test_resume_appends_to_csv_and_tensorboard(run, capsys):
         assert got == _expected_scalars(mine)
 
 
-def test_a_new_run_keeps_the_earlier_files_and_json_can_be_off(run, capsys):
-    out, argv = run
+def _new_run(out, argv, capsys):
+    """A new run keeps the earlier files (numbered) and json can be off."""
     before = (out / "progress.csv").read_bytes()
     tb_before = sorted(p.name for p in (out / "tb" / "seed_0").iterdir())
     assert cli.main([*argv, "--stop-iters", "1", "--quiet", "--loggers", "csv"]) == 0
