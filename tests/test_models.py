@@ -41,3 +41,41 @@ def test_init_depends_on_key():
     assert not np.array_equal(
         a["params"]["actor"]["Dense_0"]["kernel"], b["params"]["actor"]["Dense_0"]["kernel"]
     )
+
+
+@pytest.mark.parametrize("features", [1, 2, 16, 17])
+def test_output_dense_is_dense(features):
+    """`OutputDense` (the transposed kernel behind an optimization barrier for narrow
+    outputs on the CPU) has `nn.Dense`'s params and gives its outputs and gradients."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from jaxplan.models import OutputDense
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (5, 3, 64))
+    ours, dense = OutputDense(features), nn.Dense(features)
+    params = dense.init(jax.random.PRNGKey(1), x)
+    params = jax.tree.map(lambda p: p + 0.1, params)  # a non-zero bias too
+    assert jax.tree.map(jnp.shape, ours.init(jax.random.PRNGKey(1), x)) == jax.tree.map(
+        jnp.shape, params
+    )
+
+    def loss(module, params, x):
+        return jnp.sum(jnp.tanh(module.apply(params, x)) ** 2)
+
+    for module_out, dense_out in [
+        (jax.jit(ours.apply)(params, x), jax.jit(dense.apply)(params, x)),
+        (
+            jax.jit(jax.grad(lambda p, x: loss(ours, p, x), (0, 1)))(params, x),
+            jax.jit(jax.grad(lambda p, x: loss(dense, p, x), (0, 1)))(params, x),
+        ),
+    ]:
+        for a, b in zip(jax.tree.leaves(module_out), jax.tree.leaves(dense_out), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # float64 reference of the forward pass
+    k, b = (np.asarray(params["params"][n], np.float64) for n in ("kernel", "bias"))
+    np.testing.assert_allclose(
+        np.asarray(ours.apply(params, x)), np.asarray(x, np.float64) @ k + b, rtol=1e-5, atol=1e-5
+    )
+    narrow = "optimization_barrier" in str(jax.make_jaxpr(ours.apply)(params, x))
+    assert narrow == (jax.default_backend() == "cpu" and features <= 16)

@@ -177,7 +177,34 @@ class MLP(nn.Module):
             x = nn.Dense(width)(x)
             if act is not None:
                 x = act(x)
-        return nn.Dense(self.num_outputs)(x)
+        return OutputDense(self.num_outputs, name=f"Dense_{len(self.hiddens)}")(x)
+
+
+NARROW_FEATURES = 16
+"""`OutputDense` contracts the transposed kernel for at most this many features."""
+
+
+class OutputDense(nn.Module):
+    """`nn.Dense` with the same params (`kernel [in, features]`, `bias [features]`) and the
+    same numbers, for a narrow output layer: on the CPU, for at most `NARROW_FEATURES`
+    features, it multiplies by the kernel's transpose `[features, in]`, kept so by an
+    `optimization_barrier`. The kernel's gradient is then a `[features, B] x [B, in]`
+    product, which XLA's CPU matmul runs several times faster than the `[in, B] x [B,
+    features]` one (benchmarks/README.md, "Narrow output layers"). Elsewhere it is
+    `nn.Dense`'s plain product."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        init = nn.initializers.lecun_normal()
+        kernel = self.param("kernel", init, (x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        if jax.default_backend() != "cpu" or self.features > NARROW_FEATURES:
+            return x @ kernel + bias
+        kernel_t = jax.lax.optimization_barrier(kernel.T)  # [features, in]
+        contract = (((x.ndim - 1,), (1,)), ((), ()))
+        return jax.lax.dot_general(x, kernel_t, contract) + bias
 
 
 class ActorCritic(nn.Module):
@@ -203,8 +230,8 @@ class ActorCritic(nn.Module):
             self.torso = MLP(
                 self.hiddens[:-1], self.activation, self.hiddens[-1], self.obs_ndim, **convs
             )
-            self.pi_head = nn.Dense(self.num_outputs)
-            self.v_head = nn.Dense(1)
+            self.pi_head = OutputDense(self.num_outputs)
+            self.v_head = OutputDense(1)
         else:
             self.actor = MLP(
                 self.hiddens, self.activation, self.num_outputs, self.obs_ndim, **convs
@@ -336,8 +363,8 @@ class RecurrentActorCritic(nn.Module):
             self.cell = nn.OptimizedLSTMCell(self.cell_size)
         else:
             self.cell = nn.GRUCell(self.cell_size)
-        self.pi_head = nn.Dense(self.num_outputs)
-        self.v_head = nn.Dense(1)
+        self.pi_head = OutputDense(self.num_outputs)
+        self.v_head = OutputDense(1)
 
     def features(self, obs, prev_actions=None, prev_rewards=None):
         x = self.torso(obs)
