@@ -22,7 +22,8 @@ Cases, each the whole run (the same env steps per seed) as one `lax.scan` progra
                          plan); one iteration is one round = one group's fragment (128 steps)
   random_async           `sample_only_async` with `RandomPolicy` in place of the PPO policy
                          (acting without the network)
-  ppo_vmap8              the `ppo` run for 8 seeds `vmap`ped in one program; steps/s summed
+  ppo_vmap8              the `ppo` run for 8 seeds `vmap`ped in one program, lowered as
+                         `jaxplan.train_seeds` does (threefry unrolled); steps/s summed
 
 Wide acting, 2048 envs (8 workers x 256 envs x 128 steps = 262,144 env steps per iteration,
 `--wide-iterations` iterations, default 8):
@@ -68,6 +69,7 @@ from common import (
 
 import jaxplan
 from jaxplan.counters import counter_value
+from jaxplan.fast_rng import unrolled_threefry
 
 ENV = "CartPole-v1"
 
@@ -310,7 +312,8 @@ def main(argv=None) -> int:
             seed_ids = jnp.arange(args.seed, args.seed + seeds, dtype=jnp.uint32)
             keys = jax.vmap(jax.random.PRNGKey)(seed_ids)
             train = jax.vmap(jaxplan.make_train(plan, n))
-            row, (_, res) = measure(case, train, keys, args.repeats, seeds * steps)
+            with unrolled_threefry():  # lowered as `jaxplan.train_seeds` does
+                row, (_, res) = measure(case, train, keys, args.repeats, seeds * steps)
         row["final_episode_reward_mean"] = check_steps(res, steps)
         row.update(
             mode=mode,

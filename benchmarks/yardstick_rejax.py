@@ -54,6 +54,7 @@ from common import (
 from throughput import ENV, check_steps, fixed_work_plan
 
 import jaxplan
+from jaxplan.fast_rng import unrolled_threefry
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_rejax_worker.py"
@@ -159,7 +160,10 @@ def run_jaxplan(args, plan, n, steps, cases) -> list[dict]:
             seeds = jnp.arange(args.seed, args.seed + NUM_SEEDS_VMAP, dtype=jnp.uint32)
             keys = jax.vmap(jax.random.PRNGKey)(seeds)
             train = jax.vmap(jaxplan.make_train(plan, n))
-            row = measure_jaxplan(case, train, keys, args.vmap_execs, NUM_SEEDS_VMAP * steps, steps)
+            with unrolled_threefry():  # lowered as `jaxplan.train_seeds` does
+                row = measure_jaxplan(
+                    case, train, keys, args.vmap_execs, NUM_SEEDS_VMAP * steps, steps
+                )
             row["seeds"] = NUM_SEEDS_VMAP
         row["loadavg_1m_before"] = load
         rows.append(row)

@@ -63,3 +63,48 @@ def test_a_ppo_run_is_the_same_run(unrolled):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
         else:  # counters, episode counts, actions taken: the same random stream
             np.testing.assert_array_equal(a, b)
+
+
+def test_unrolled_threefry_block_restores_the_lowering_before_it():
+    from jaxplan.fast_rng import unrolled_threefry
+
+    key = jax.random.PRNGKey(3)
+    assert _while_loops(lambda k: _draws(k), key) > 0  # JAX's CPU default
+    with unrolled_threefry() as ok:
+        assert ok and _while_loops(lambda k: _draws(k), key) == 0
+    assert _while_loops(lambda k: _draws(k), key) > 0
+    assert use_unrolled_threefry(True)
+    try:
+        with unrolled_threefry():
+            pass
+        assert _while_loops(lambda k: _draws(k), key) == 0  # a process-wide choice stays
+    finally:
+        use_unrolled_threefry(False)
+
+
+def test_seed_vmapped_programs_are_lowered_unrolled(monkeypatch, tmp_path):
+    """`train_seeds` and a `Runner` of several seeds trace their programs inside
+    `unrolled_threefry` (tests/test_determinism.py: the same runs as seed by seed); a one-seed
+    `Runner` keeps JAX's lowering."""
+    from jaxplan import fast_rng
+    from jaxplan.runner import Runner
+
+    plan = jaxplan.ppo_plan(
+        {"num_workers": 1, "num_envs_per_worker": 2, "rollout_fragment_length": 16,
+         "train_batch_size": 32, "sgd_minibatch_size": 16, "num_sgd_iter": 1,
+         "model": {"fcnet_hiddens": [4]}},
+        env="CartPole-v1",
+    )  # fmt: skip
+    seen, split = [], jax.random.split
+
+    def spy(*args, **kwargs):
+        seen.append(fast_rng._unrolled)
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(jax.random, "split", spy)
+    jaxplan.train_seeds(plan, [0, 1], 1)
+    assert seen and all(seen) and not fast_rng._unrolled
+    for seeds, unrolled in [([0, 1], True), ([0], False)]:
+        seen.clear()
+        Runner(plan, seeds, jaxplan.Stop(training_iteration=1), chunk=1).compile()
+        assert seen and all(s == unrolled for s in seen) and not fast_rng._unrolled

@@ -38,10 +38,14 @@ def test_runner_two_seeds_without_files(tmp_path, monkeypatch):
 def test_runner_state_is_run_iterations(seeds):
     """On one device the runner compiles init in a thread while it traces the chunk from
     init's abstract outputs: it ends with bitwise the state of `run_iterations` from a jitted
-    `plan.init` (`vmap`ped over the seeds, as the runner does for several)."""
+    `plan.init` (`vmap`ped over the seeds and lowered with the unrolled threefry, as the
+    runner does for several)."""
+    import contextlib
+
     import jax
     import numpy as np
 
+    from jaxplan.fast_rng import unrolled_threefry
     from jaxplan.run import run_iterations
 
     plan = jaxplan.ppo_plan(TINY, env="CartPole-v1")
@@ -51,10 +55,12 @@ def test_runner_state_is_run_iterations(seeds):
     init, run = plan.init, lambda s: run_iterations(plan, s, 3, stop)
     keys = jax.vmap(jax.random.PRNGKey)(np.asarray(seeds, np.uint32))
     if len(seeds) == 1:
-        keys = keys[0]
-    else:
+        keys, lowering = keys[0], contextlib.nullcontext()
+    else:  # several seeds: the runner lowers threefry unrolled (jaxplan.fast_rng)
         init, run = jax.vmap(init), jax.vmap(run)
-    state, _ = jax.jit(run)(jax.jit(init)(keys))
+        lowering = unrolled_threefry()
+    with lowering:
+        state, _ = jax.jit(run)(jax.jit(init)(keys))
     for a, b in zip(jax.tree.leaves(runner.state), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--unrolled-rng",
         action="store_true",
-        help="lower jax.random's threefry unrolled on the CPU: the same numbers; acting "
-        "1.7-2.8x, one-seed PPO 1.0-1.4x faster, ~1.2 s more compile (jaxplan.fast_rng)",
+        help="lower jax.random's threefry unrolled on the CPU for one seed too (several "
+        "seeds always are): the same numbers; acting 1.3-1.5x, PPO 0.96-1.10x, ~0.7 s more "
+        "compile (jaxplan.fast_rng)",
     )
     train.add_argument(
         "--max-nonfinite-iters",

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxplan.fast_rng import unrolled_threefry
 from jaxplan.flow import Plan, Result
 from jaxplan.stages.metrics import episode_stats
 from jaxplan.workers import PlanState
@@ -110,12 +111,15 @@ def train_seeds(
         raise ValueError(f"seeds must be a non-empty list of ints, got shape {list(seeds.shape)}")
     keys = jax.vmap(jax.random.PRNGKey)(seeds)
     if hparams is None:
-        return jax.jit(jax.vmap(make_train(plan, num_iterations, stop)))(keys)
-    hparams, axes = _per_run(hparams, seeds.shape[0])
-    first = jax.tree.map(lambda x, a: x if a is None else x[0], hparams, axes)
-    jax.eval_shape(lambda key: plan.init(key, first), keys[0])  # bad hparams fail here, fast
-    train = jax.vmap(make_train(plan, num_iterations, stop), in_axes=(0, axes))
-    return jax.jit(train)(keys, hparams)
+        train, args = jax.vmap(make_train(plan, num_iterations, stop)), (keys,)
+    else:
+        hparams, axes = _per_run(hparams, seeds.shape[0])
+        first = jax.tree.map(lambda x, a: x if a is None else x[0], hparams, axes)
+        jax.eval_shape(lambda key: plan.init(key, first), keys[0])  # bad hparams fail here
+        train = jax.vmap(make_train(plan, num_iterations, stop), in_axes=(0, axes))
+        args = (keys, hparams)
+    with unrolled_threefry():  # the same numbers; cheaper with a seed axis (jaxplan.fast_rng)
+        return jax.jit(train)(*args)
 
 
 def _per_run(hparams: Mapping[str, Any], runs: int) -> tuple[Any, Any]:

@@ -18,6 +18,7 @@ with runner:                                     # releases the folder's lock at
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -35,6 +36,7 @@ from jax.extend import core as jax_core
 
 from jaxplan import distributed
 from jaxplan import loggers as _loggers
+from jaxplan.fast_rng import unrolled_threefry
 from jaxplan.flow import Plan
 from jaxplan.results import (
     ResultWriter,
@@ -373,6 +375,12 @@ class Runner:
         init_fn, chunk_fn, init_arg = plan.init, run_chunk, keys[0]
         if vmapped:
             init_fn, chunk_fn, init_arg = jax.vmap(plan.init), jax.vmap(run_chunk), keys
+        # several seeds: threefry lowered unrolled, the same numbers (jaxplan.fast_rng)
+        rng = unrolled_threefry() if vmapped else contextlib.nullcontext()
+        with rng:
+            return self._compile_programs(init_fn, chunk_fn, init_arg, t0)
+
+    def _compile_programs(self, init_fn, chunk_fn, init_arg, t0: float) -> Runner:
         init_lowered = jax.jit(init_fn).lower(init_arg)
         if self.plan.workers.mesh is None and jax.process_count() == 1:
             # one device: init's XLA compile runs in a thread while the chunk is traced and
