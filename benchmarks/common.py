@@ -86,10 +86,19 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
-def measure(name, fn, arg, runs: int, env_steps: int, extra: dict | None = None):
-    """AOT-compiles `fn(arg)` and runs it `runs` times. Returns the result row (compile and
-    run seconds, median `run_s`, `steps_per_s = env_steps / run_s`) and the last output."""
-    compiled = aot_compile(fn, arg)
+def measure(
+    name,
+    fn,
+    arg,
+    runs: int,
+    env_steps: int,
+    extra: dict | None = None,
+    compiler_options: dict | None = None,
+):
+    """AOT-compiles `fn(arg)` (with XLA `compiler_options`, e.g. `jaxplan.compiler_options()`)
+    and runs it `runs` times. Returns the result row (compile and run seconds, median `run_s`,
+    `steps_per_s = env_steps / run_s`) and the last output."""
+    compiled = aot_compile(fn, arg, compiler_options=compiler_options)
     times, out = [], None
     for _ in range(runs):
         out, dt = timed(compiled, arg)

@@ -71,6 +71,13 @@ import jaxplan
 from jaxplan.counters import counter_value
 from jaxplan.fast_rng import unrolled_threefry
 
+
+def jaxplan_compile() -> dict:
+    """`measure` kwargs: jaxplan's programs are compiled as `Runner` and `train_seeds`
+    compile them (the raw gymnax rollout, the yardstick without jaxplan: XLA's defaults)."""
+    return {"compiler_options": jaxplan.compiler_options()}
+
+
 ENV = "CartPole-v1"
 
 # Every key that decides the work is pinned, so this does not drift with the tuned preset.
@@ -257,13 +264,14 @@ def main(argv=None) -> int:
             row_config, row_plan, n_case, _ = fixed_work_plan(args.steps, PPO_CASES[case])
             assert n_case == n, (case, n_case, n)
             mode, policy = row_config.rollout_mode, "ppo"
-            row, (_, res) = measure(case, jaxplan.make_train(row_plan, n), key, args.repeats, steps)
+            train = jaxplan.make_train(row_plan, n)
+            row, (_, res) = measure(case, train, key, args.repeats, steps, **jaxplan_compile())
         elif case in SAMPLE_CASES:
             mode, policy = SAMPLE_CASES[case]
             row_config = config.updated({"rollout_mode": mode})  # recorded; workers unchanged
             sample, iterations = sample_plan(row_config, mode, policy, steps)
             train = jaxplan.make_train(sample, iterations)
-            row, (_, res) = measure(case, train, key, args.repeats, steps)
+            row, (_, res) = measure(case, train, key, args.repeats, steps, **jaxplan_compile())
         elif case in WIDE_CASES:
             mode, policy = "bulk_sync", WIDE_CASES[case] or "gymnax"
             iterations = args.wide_iterations
@@ -280,7 +288,9 @@ def main(argv=None) -> int:
                     }
                 )
                 train = jaxplan.make_train(jaxplan.ppo_plan(row_config), iterations)
-                row, (_, res) = measure(case, train, key, args.repeats, wide_steps)
+                row, (_, res) = measure(
+                    case, train, key, args.repeats, wide_steps, **jaxplan_compile()
+                )
                 check_steps(res, wide_steps)
             elif WIDE_CASES[case] is None:
                 train = gymnax_random_rollout(WIDE_ENVS, config.rollout_fragment_length, iterations)
@@ -289,7 +299,9 @@ def main(argv=None) -> int:
                 sample, n_wide = sample_plan(row_config, mode, policy, wide_steps)
                 assert n_wide == iterations, (n_wide, iterations)
                 train = jaxplan.make_train(sample, iterations)
-                row, (_, res) = measure(case, train, key, args.repeats, wide_steps)
+                row, (_, res) = measure(
+                    case, train, key, args.repeats, wide_steps, **jaxplan_compile()
+                )
                 check_steps(res, wide_steps)
             row.update(
                 mode=mode,
@@ -313,7 +325,9 @@ def main(argv=None) -> int:
             keys = jax.vmap(jax.random.PRNGKey)(seed_ids)
             train = jax.vmap(jaxplan.make_train(plan, n))
             with unrolled_threefry():  # lowered as `jaxplan.train_seeds` does
-                row, (_, res) = measure(case, train, keys, args.repeats, seeds * steps)
+                row, (_, res) = measure(
+                    case, train, keys, args.repeats, seeds * steps, **jaxplan_compile()
+                )
         row["final_episode_reward_mean"] = check_steps(res, steps)
         row.update(
             mode=mode,

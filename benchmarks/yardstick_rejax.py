@@ -143,7 +143,8 @@ def run_rejax(args, cases) -> dict:
 
 def measure_jaxplan(name, fn, arg, execs, env_steps, steps_per_seed) -> dict:
     jax.clear_caches()  # cold compile in every round, like rejax's fresh process
-    row, out = measure(name, fn, arg, execs, env_steps)
+    # compiled as jaxplan's Runner and train_seeds compile (rejax: as its users do)
+    row, out = measure(name, fn, arg, execs, env_steps, compiler_options=jaxplan.compiler_options())
     return {**row, "final_R": check_steps(out[1], steps_per_seed)}
 
 

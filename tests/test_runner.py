@@ -1,5 +1,7 @@
 """The library runner: chunks of compiled iterations, per-seed stopping, host results."""
 
+import functools
+
 import pytest
 
 import jaxplan
@@ -60,7 +62,8 @@ def test_runner_state_is_run_iterations(seeds):
         init, run = jax.vmap(init), jax.vmap(run)
         lowering = unrolled_threefry()
     with lowering:
-        state, _ = jax.jit(run)(jax.jit(init)(keys))
+        opts = jaxplan.compiler_options()  # the runner's XLA options
+        state, _ = jax.jit(run, compiler_options=opts)(jax.jit(init, compiler_options=opts)(keys))
     for a, b in zip(jax.tree.leaves(runner.state), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -77,8 +80,9 @@ def test_runner_with_files_overlaps_chunks_and_its_state_is_the_yielded_chunks(t
 
     plan = jaxplan.ppo_plan(TINY, env="CartPole-v1")
     stop = jaxplan.Stop(training_iteration=6)
-    init = jax.jit(plan.init)(jax.random.PRNGKey(7))
-    after = {n: jax.jit(lambda s, n=n: run_iterations(plan, s, n, stop))(init)[0] for n in (2, 6)}
+    jit = functools.partial(jax.jit, compiler_options=jaxplan.compiler_options())  # the runner's
+    init = jit(plan.init)(jax.random.PRNGKey(7))
+    after = {n: jit(lambda s, n=n: run_iterations(plan, s, n, stop))(init)[0] for n in (2, 6)}
 
     def same(state, reference):
         for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(reference), strict=True):
@@ -101,5 +105,5 @@ def test_runner_with_files_overlaps_chunks_and_its_state_is_the_yielded_chunks(t
     saved = read_checkpoint(tmp_path / "left")
     assert saved["state"]["counters"]["training_iteration"] == 2
     # the state placed back from the host continues like the uninterrupted run
-    state, _ = jax.jit(lambda s: run_iterations(plan, s, 4, stop))(runner.state)
+    state, _ = jit(lambda s: run_iterations(plan, s, 4, stop))(runner.state)
     same(state, after[6])

@@ -22,6 +22,7 @@ from jaxplan.batch import (
     SampleBatch,
     TrainOutput,
 )
+from jaxplan.compiler import compiler_options
 from jaxplan.config import TrainerConfig
 from jaxplan.envs import Env, register_env
 from jaxplan.flow import Flow, Plan, Stage
@@ -76,6 +77,7 @@ __all__ = [
     "appo_plan",
     "impala_plan",
     "get_algorithm",
+    "compiler_options",
     "ConcatBatches",
     "Env",
     "Evaluation",

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxplan.compiler import compiler_options
 from jaxplan.fast_rng import unrolled_threefry
 from jaxplan.flow import Plan, Result
 from jaxplan.stages.metrics import episode_stats
@@ -119,7 +120,7 @@ def train_seeds(
         train = jax.vmap(make_train(plan, num_iterations, stop), in_axes=(0, axes))
         args = (keys, hparams)
     with unrolled_threefry():  # the same numbers; cheaper with a seed axis (jaxplan.fast_rng)
-        return jax.jit(train)(*args)
+        return jax.jit(train, compiler_options=compiler_options())(*args)
 
 
 def _per_run(hparams: Mapping[str, Any], runs: int) -> tuple[Any, Any]:

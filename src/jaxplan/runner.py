@@ -36,6 +36,7 @@ from jax.extend import core as jax_core
 
 from jaxplan import distributed
 from jaxplan import loggers as _loggers
+from jaxplan.compiler import compiler_options
 from jaxplan.fast_rng import unrolled_threefry
 from jaxplan.flow import Plan
 from jaxplan.results import (
@@ -387,11 +388,11 @@ class Runner:
             # lowered (Python, one core) from init's abstract outputs (the same avals; the
             # default device's placement)
             with ThreadPoolExecutor(1) as pool:
-                init_compiling = pool.submit(init_lowered.compile)
+                init_compiling = pool.submit(init_lowered.compile, compiler_options())
                 compiled = self._compile_chunk(chunk_fn, jax.eval_shape(init_fn, init_arg))
                 init = init_compiling.result()
         else:  # a mesh: the chunk takes the compiled init's output shardings
-            init = init_lowered.compile()
+            init = init_lowered.compile(compiler_options())
             compiled = self._compile_chunk(chunk_fn, init.out_info)
         self._chunk_fn = compiled
         self._placement = init.out_info
@@ -406,7 +407,7 @@ class Runner:
         `check_memory` of its program."""
         traced = jax.jit(chunk_fn, donate_argnums=0).trace(state_info)
         check_memory(traced.jaxpr, state_info, self.plan.workers)
-        return traced.lower().compile()
+        return traced.lower().compile(compiler_options())
 
     def _restore(self, placement) -> None:
         """Replaces the fresh state by the checkpointed one, laid out as `placement` (the

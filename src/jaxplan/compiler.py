@@ -1,0 +1,32 @@
+"""The XLA options jaxplan compiles its own programs with (`Runner`, so `jaxplan train`, and
+`train_seeds`); pass them to your own `jax.jit` of `make_train` for the same compile:
+
+```python
+train = jax.jit(jaxplan.make_train(plan, n), compiler_options=jaxplan.compiler_options())
+```
+
+On the CPU that is LLVM's `-O1` (`xla_backend_optimization_level=1`) instead of XLA's default
+`-O2`: measured side by side on PPO programs (2-core CPU; benchmarks/README.md, "LLVM -O1"),
+XLA compile 8-22% less CPU time (one seed at the peers' fixed work 4.71 -> 4.33 CPU-s, 8
+vmapped seeds 6.66 -> 5.22, the MinAtar CNN preset 6.57 -> 5.90) and the same run time
+(0.906 / 0.895 s, 1.348 / 1.341 s, 3.669 / 3.672 s): the kernels' time goes to Eigen's
+matmuls and to memory, not to what `-O2` adds. Floats may round differently in the last bits
+(a different instruction selection; e.g. 7.6e-6 at most after 6 fixed-work iterations), so a
+run compiled with them is not bitwise the one without; with them, the same seed still gives
+the same run. Elsewhere (GPU, TPU) none: XLA's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+CPU_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
+
+
+def compiler_options(platform: str | None = None) -> dict[str, Any] | None:
+    """`compiler_options` for `jax.jit` / `Lowered.compile` on `platform` (default: JAX's
+    default backend): `CPU_OPTIONS` on the CPU, else None."""
+    platform = jax.default_backend() if platform is None else platform
+    return dict(CPU_OPTIONS) if platform == "cpu" else None
