@@ -7,8 +7,8 @@ runtime ops. The random bits are identical with either lowering (same hash, same
 run takes the same actions and episodes, and its floats differ only by rounding (XLA fuses
 the other program differently).
 
-Measured side by side on a 2-core CPU (benchmarks/README.md, "--unrolled-rng" and "Unrolled
-threefry for vmapped seeds"), since envs and action noise draw over one flat batch axis: for
+Measured side by side on a 2-core CPU (benchmarks/README.md, "--unrolled-rng" and "Issue 14, 6
+December"), since envs and action noise draw over one flat batch axis: for
 one seed, acting alone 1.3-1.5x, PPO at the peers' fixed work 0.96-1.10x, ~0.7 s more XLA
 compile; for 8 `vmap`ped seeds, PPO 1.06-1.09x and ~20% less compile. So `train_seeds` and a
 several-seed `Runner` lower with it (`unrolled_threefry`); for one seed it is opt-in
@@ -72,7 +72,7 @@ def unrolled_threefry() -> Iterator[bool]:
     `train_seeds` and a `Runner` of several seeds lower their `vmap`ped programs so: with a
     seed axis the rolled loops' bodies are rank-2 arrays, costly to compile and run, while
     the unrolled hash is not. Measured side by side (PPO at the peers' fixed work, 8 seeds
-    `vmap`ped, 2-core CPU; benchmarks/README.md, "Unrolled threefry for vmapped seeds"): XLA
+    `vmap`ped, 2-core CPU; benchmarks/README.md, "Issue 14, 6 December"): XLA
     compile 6.1-6.3 -> 4.9-5.0 CPU-s, steps/s 1.09x. With one seed it is a trade-off (acting
     faster, ~0.7 s more compile), so there it stays opt-in."""
     before = _unrolled

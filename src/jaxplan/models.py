@@ -190,7 +190,7 @@ class OutputDense(nn.Module):
     features, it multiplies by the kernel's transpose `[features, in]`, kept so by an
     `optimization_barrier`. The kernel's gradient is then a `[features, B] x [B, in]`
     product, which XLA's CPU matmul runs several times faster than the `[in, B] x [B,
-    features]` one (benchmarks/README.md, "Narrow output layers"). Elsewhere it is
+    features]` one (benchmarks/README.md, "Issue 14, 6 December"). Elsewhere it is
     `nn.Dense`'s plain product."""
 
     features: int
