@@ -7,8 +7,8 @@ train = jax.jit(jaxplan.make_train(plan, n), compiler_options=jaxplan.compiler_o
 
 On the CPU that is LLVM's `-O1` (`xla_backend_optimization_level=1`) instead of XLA's default
 `-O2`: measured side by side on PPO programs (2-core CPU; benchmarks/README.md, "Issue 14, 6
-December"), XLA compile 8-22% less CPU time (one seed at the peers' fixed work 4.71 -> 4.33 CPU-s, 8
-vmapped seeds 6.66 -> 5.22, the MinAtar CNN preset 6.57 -> 5.90) and the same run time
+December"), XLA compile 8-22% less CPU time (one seed at the peers' fixed work 4.71 -> 4.33
+CPU-s, 8 vmapped seeds 6.66 -> 5.22, the MinAtar CNN preset 6.57 -> 5.90) and the same run time
 (0.906 / 0.895 s, 1.348 / 1.341 s, 3.669 / 3.672 s): the kernels' time goes to Eigen's
 matmuls and to memory, not to what `-O2` adds. Floats may round differently in the last bits
 (a different instruction selection; e.g. 7.6e-6 at most after 6 fixed-work iterations), so a

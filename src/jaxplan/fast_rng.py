@@ -7,11 +7,11 @@ runtime ops. The random bits are identical with either lowering (same hash, same
 run takes the same actions and episodes, and its floats differ only by rounding (XLA fuses
 the other program differently).
 
-Measured side by side on a 2-core CPU (benchmarks/README.md, "--unrolled-rng" and "Issue 14, 6
-December"), since envs and action noise draw over one flat batch axis: for
-one seed, acting alone 1.3-1.5x, PPO at the peers' fixed work 0.96-1.10x, ~0.7 s more XLA
-compile; for 8 `vmap`ped seeds, PPO 1.06-1.09x and ~20% less compile. So `train_seeds` and a
-several-seed `Runner` lower with it (`unrolled_threefry`); for one seed it is opt-in
+Measured side by side on a 2-core CPU (benchmarks/README.md, "--unrolled-rng" and "Issue 14,
+6 December"), since envs and action noise draw over one flat batch axis: for one seed, acting
+alone 1.3-1.5x, PPO at the peers' fixed work 0.96-1.10x, ~0.7 s more XLA compile; for 8
+`vmap`ped seeds, PPO 1.06-1.09x and ~20% less compile. So `train_seeds` and a several-seed
+`Runner` lower with it (`unrolled_threefry`); for one seed it is opt-in
 (`use_unrolled_threefry`, `jaxplan train --unrolled-rng`).
 
 This needs JAX internals (`jax._src`), isolated here: `use_unrolled_threefry` returns False and
