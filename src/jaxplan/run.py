@@ -101,7 +101,10 @@ def train_seeds(
     hparams: Mapping[str, Any] | None = None,
 ) -> tuple[PlanState, Result]:
     """One compiled program training one agent per seed (`vmap` over `PRNGKey(seed)`).
-    Leaves of the returned state and results have a leading seed axis.
+    Leaves of the returned state and results have a leading seed axis. The program is lowered
+    with the unrolled threefry (`jaxplan.fast_rng.unrolled_threefry`: the same random numbers)
+    and compiled with `jaxplan.compiler_options()`, so its floats may differ in the last bits
+    from a plain `jax.jit(jax.vmap(make_train(...)))`.
 
     `hparams` (see `make_train`): each value is a number shared by all runs or a `[len(seeds)]`
     array, one per run, so `seeds=[0, 0, 0], hparams={"default_policy": {"lr": [1e-4, 3e-4,

@@ -160,6 +160,9 @@ class Runner:
     on `close()` (or leaving a `with runner:` block). On a mesh every process checks after
     each chunk that the policies are replicated bitwise.
 
+    Programs are compiled with `jaxplan.compiler_options()` and, for several seeds, lowered
+    with the unrolled threefry (`jaxplan.fast_rng`; the same random numbers).
+
     `state` is the latest `PlanState` (leading seed axis when there are several seeds),
     `last` maps each seed to its latest result and `done` lists the seeds that stopped.
 
