@@ -1,7 +1,5 @@
 """The library runner: chunks of compiled iterations, per-seed stopping, host results."""
 
-import functools
-
 import pytest
 
 import jaxplan
@@ -66,44 +64,3 @@ def test_runner_state_is_run_iterations(seeds):
         state, _ = jax.jit(run, compiler_options=opts)(jax.jit(init, compiler_options=opts)(keys))
     for a, b in zip(jax.tree.leaves(runner.state), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def test_runner_with_files_overlaps_chunks_and_its_state_is_the_yielded_chunks(tmp_path):
-    """With `output` the next chunk is dispatched before the host writes the current one's
-    files: the run is still bitwise `run_iterations`', and a loop left after the first chunk
-    leaves `state` (and the checkpoint) at that chunk, not at the one computed ahead."""
-    import jax
-    import numpy as np
-
-    from jaxplan.results import read_checkpoint
-    from jaxplan.run import run_iterations
-
-    plan = jaxplan.ppo_plan(TINY, env="CartPole-v1")
-    stop = jaxplan.Stop(training_iteration=6)
-    jit = functools.partial(jax.jit, compiler_options=jaxplan.compiler_options())  # the runner's
-    init = jit(plan.init)(jax.random.PRNGKey(7))
-    after = {n: jit(lambda s, n=n: run_iterations(plan, s, n, stop))(init)[0] for n in (2, 6)}
-
-    def same(state, reference):
-        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(reference), strict=True):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-    runner = Runner(plan, seeds=[7], stop=stop, chunk=2, output=tmp_path / "all")
-    seen = []
-    for results in runner:
-        seen.append([r["training_iteration"] for r in results])
-        if len(seen) == 1:
-            assert runner._inflight is not None  # the second chunk runs meanwhile
-            same(runner.state, after[2])  # the yielded chunk's state, from its host copy
-    assert seen == [[1, 2], [3, 4], [5, 6]] and runner._inflight is None
-    same(runner.state, after[6])
-
-    runner = Runner(plan, seeds=[7], stop=stop, chunk=2, output=tmp_path / "left")
-    results = next(iter(runner))  # the generator is dropped: the loop is left
-    assert results[-1]["training_iteration"] == 2 and runner._inflight is None
-    same(runner.state, after[2])
-    saved = read_checkpoint(tmp_path / "left")
-    assert saved["state"]["counters"]["training_iteration"] == 2
-    # the state placed back from the host continues like the uninterrupted run
-    state, _ = jit(lambda s: run_iterations(plan, s, 4, stop))(runner.state)
-    same(state, after[6])

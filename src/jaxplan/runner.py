@@ -255,43 +255,12 @@ class Runner:
         )
         """Every logger the results go to, built-in ones first (empty where not `writes`)."""
         self._logged = False
-        self._state = None
-        self._placement = None  # the compiled init's outputs: the state's shapes and shardings
-        self._inflight: tuple[float, Any] | None = None  # the next chunk, dispatched
-        self._host_state = None  # the last yielded chunk's state on the host, while one runs
+        self.state = None
         self.compile_s: float | None = None
         self.last: dict[int, dict] = {}
         self.done: list[int] = []
         self._chunk_fn = None
         self._elapsed = 0.0
-
-    @property
-    def state(self) -> Any:
-        """The run state after the last chunk whose results were yielded (None before
-        `compile`)."""
-        if self._inflight is not None:  # the next chunk runs on its donated buffers
-            return self._place(self._host_state)
-        return self._state
-
-    @state.setter
-    def state(self, state: Any) -> None:
-        self._state = state
-
-    def _place(self, host_state: Any) -> Any:
-        """`host_state` (numpy) on the device(s), laid out as the compiled init's outputs."""
-        return jax.tree.map(
-            lambda x, p: jax.make_array_from_callback(p.shape, p.sharding, lambda i: x[i]),
-            host_state,
-            self._placement,
-        )
-
-    def _settle(self) -> None:
-        """Drops a chunk dispatched ahead of the consumer (the loop was left, or the host work
-        on the chunk before it failed): the state is again the last yielded chunk's."""
-        if self._inflight is not None:
-            self._inflight = None
-            self._state = self._place(self._host_state)
-        self._host_state = None
 
     def close(self) -> None:
         """Closes the loggers that got results since the last close, then releases the output
@@ -398,7 +367,6 @@ class Runner:
             init = init_lowered.compile(compiler_options())
             compiled = self._compile_chunk(chunk_fn, init.out_info)
         self._chunk_fn = compiled
-        self._placement = init.out_info
         self.state = init(init_arg)
         self.compile_s = time.perf_counter() - t0
         if self.resume:
@@ -450,10 +418,7 @@ class Runner:
             while len(self.done) < len(self.seeds):
                 yield self._run_chunk()
         finally:  # the run ended, failed, or the loop over it was left
-            try:
-                self._settle()
-            finally:
-                self.close()
+            self.close()
 
     def run(self, on_results: Callable[[list[dict]], Any] | None = None) -> list[dict]:
         """Runs to the end; calls `on_results` with each chunk's results; returns them all."""
@@ -464,19 +429,9 @@ class Runner:
             out.extend(results)
         return out
 
-    def _dispatch(self) -> None:
-        """Starts the next chunk on the device (asynchronously; its input buffers donated)."""
-        self._inflight = (time.perf_counter(), self._chunk_fn(self._state))
-
     def _run_chunk(self) -> list[dict]:
-        """The next chunk's host results. With a writer (one process), once the chunk's
-        results and state are on the host and the run goes on, the chunk after it is
-        dispatched before this one's files and loggers are written and its results yielded:
-        the device computes while the host writes (`state` stays this chunk's)."""
-        if self._inflight is None:
-            self._dispatch()
-        t0, (self._state, stacked) = self._inflight
-        self._inflight = self._host_state = None
+        t0 = time.perf_counter()
+        self.state, stacked = self._chunk_fn(self.state)
         stacked = jax.device_get(stacked)
         if len(self.seeds) == 1:  # the seed axis on the host (on the device: one op per leaf)
             stacked = jax.tree.map(lambda x: np.asarray(x)[None], stacked)
@@ -500,28 +455,24 @@ class Runner:
         self._elapsed += self.chunk * per_iter
         failed = self._count_nonfinite(out)
         if self.plan.workers.mesh is not None:  # collective: every process, every chunk
-            distributed.check_replicated(self._state.policies, "policies")
+            distributed.check_replicated(self.state.policies, "policies")
         multi_process = jax.process_count() > 1
-        written = self.writer is not None
+        written = True
         if self.writer is not None or (self.output is not None and multi_process):
             # the whole state on the host (a collective: every process joins it)
             state = (
-                multihost_utils.process_allgather(self._state, tiled=True)
+                multihost_utils.process_allgather(self.state, tiled=True)
                 if multi_process
-                else jax.device_get(self._state)
+                else jax.device_get(self.state)
             )
-            if self.writer is not None and not _finite_policies(state.policies):
-                written = False  # never a checkpoint of such a state
-                if failed is None:
-                    failed = NonFiniteTraining("the policies' params are not finite")
-            if written and failed is None and not multi_process:
-                if len(self.done) < len(self.seeds):
-                    self._host_state = state
-                    self._dispatch()
-            if written:
-                self.writer.write_chunk(out, self.seeds, state, self._elapsed)
-        # the loggers get what the files hold, after them: they stay whole
-        if self.loggers and (written or self.writer is None):
+            if self.writer is not None:
+                if _finite_policies(state.policies):  # never a checkpoint of such a state
+                    self.writer.write_chunk(out, self.seeds, state, self._elapsed)
+                else:
+                    written = False
+                    if failed is None:
+                        failed = NonFiniteTraining("the policies' params are not finite")
+        if self.loggers and written:  # what the files hold, after them: they stay whole
             self._logged = True
             _loggers.log_chunk(self.loggers, out)
         if failed is not None:
