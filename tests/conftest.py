@@ -21,3 +21,17 @@ TINY_PPO = {
     "num_sgd_iter": 2,
     "model": {"fcnet_hiddens": [16, 16]},
 }
+
+
+def assert_same_run(a, b, rtol: float, atol: float) -> None:
+    """Two runs' outputs (pytrees) are the same run up to float rounding: integer leaves
+    (counters, episodes, actions taken) equal, float leaves allclose."""
+    import jax
+    import numpy as np
+
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(x, y)

@@ -1,20 +1,10 @@
 """jaxplan.compiler: the XLA options of jaxplan's own programs (LLVM -O1 on the CPU)."""
 
 import jax
-import numpy as np
+from conftest import TINY_PPO, assert_same_run
 
 import jaxplan
 from jaxplan import compiler
-
-TINY = {
-    "num_workers": 1,
-    "num_envs_per_worker": 4,
-    "rollout_fragment_length": 32,
-    "train_batch_size": 128,
-    "sgd_minibatch_size": 64,
-    "num_sgd_iter": 2,
-    "model": {"fcnet_hiddens": [8]},
-}
 
 
 def test_options_per_platform():
@@ -24,16 +14,11 @@ def test_options_per_platform():
 
 
 def test_a_run_compiled_with_them_is_the_same_run_up_to_rounding():
-    plan = jaxplan.ppo_plan(TINY, env="CartPole-v1")
+    plan = jaxplan.ppo_plan(TINY_PPO, env="CartPole-v1")
     lowered = jax.jit(jaxplan.make_train(plan, 3)).lower(jax.random.PRNGKey(0))
     ours = lowered.compile(jaxplan.compiler_options())(jax.random.PRNGKey(0))
     plain = lowered.compile()(jax.random.PRNGKey(0))
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
-        a, b = np.asarray(a), np.asarray(b)
-        if np.issubdtype(a.dtype, np.floating):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-        else:  # counters, episodes: the same steps
-            np.testing.assert_array_equal(a, b)
+    assert_same_run(ours, plain, rtol=1e-4, atol=1e-5)
 
 
 def test_runner_and_train_seeds_compile_with_them(monkeypatch):
@@ -47,7 +32,7 @@ def test_runner_and_train_seeds_compile_with_them(monkeypatch):
 
     monkeypatch.setattr(runner, "compiler_options", spy)
     monkeypatch.setattr(run, "compiler_options", spy)
-    plan = jaxplan.ppo_plan(TINY, env="CartPole-v1")
+    plan = jaxplan.ppo_plan(TINY_PPO, env="CartPole-v1")
     runner.Runner(plan, [0], jaxplan.Stop(training_iteration=1), chunk=1).compile()
     assert len(calls) == 2  # init and the chunk
     jaxplan.train_seeds(plan, [0, 1], 1)
