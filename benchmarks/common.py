@@ -248,6 +248,15 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-write", action="store_true", help="print only, write no JSON lines")
     parser.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU devices JAX makes of the cores, which the vmapped-seed cases split their "
+        "seeds over (jaxplan.seed_devices; default one per core, as `jaxplan train "
+        "--num-seeds`; 1 = all seeds on one device)",
+    )
+    parser.add_argument(
         "--compile-cache",
         metavar="DIR",
         default=None,
@@ -257,6 +266,11 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_common_args(args: argparse.Namespace) -> None:
+    """Applies the common flags; call it before any JAX operation (the CPU device count)."""
+    if getattr(args, "cpu_devices", 1) != 1:
+        from jaxplan.seed_devices import use_cpu_devices  # here: rejax's worker has no jaxplan
+
+        use_cpu_devices(args.cpu_devices)
     if args.compile_cache:
         jax.config.update("jax_compilation_cache_dir", str(args.compile_cache))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -267,7 +281,7 @@ def apply_common_args(args: argparse.Namespace) -> None:
 def describe_environment() -> str:
     env = environment()
     return (
-        f"# jax {env['jax']} | {env['device']} | {env['cpu_count']} CPUs (load "
-        f"{env['loadavg_1m']}) | host "
+        f"# jax {env['jax']} | {env['device']} x{env['num_devices']} | {env['cpu_count']} CPUs "
+        f"(load {env['loadavg_1m']}) | host "
         f"{env['hostname']} | jaxplan {env['git'] or env['jaxplan']} | {env['timestamp']}"
     )

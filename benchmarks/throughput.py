@@ -23,7 +23,8 @@ Cases, each the whole run (the same env steps per seed) as one `lax.scan` progra
   random_async           `sample_only_async` with `RandomPolicy` in place of the PPO policy
                          (acting without the network)
   ppo_vmap8              the `ppo` run for 8 seeds `vmap`ped in one program, lowered as
-                         `jaxplan.train_seeds` does (threefry unrolled); steps/s summed
+                         `jaxplan.train_seeds` does (threefry unrolled, the seeds split over
+                         the devices: `--cpu-devices`, default one per core); steps/s summed
 
 Wide acting, 2048 envs (8 workers x 256 envs x 128 steps = 262,144 env steps per iteration,
 `--wide-iterations` iterations, default 8):
@@ -70,6 +71,7 @@ from common import (
 import jaxplan
 from jaxplan.counters import counter_value
 from jaxplan.fast_rng import unrolled_threefry
+from jaxplan.seed_devices import seed_mesh, spread_seeds
 
 
 def jaxplan_compile() -> dict:
@@ -324,6 +326,7 @@ def main(argv=None) -> int:
             seed_ids = jnp.arange(args.seed, args.seed + seeds, dtype=jnp.uint32)
             keys = jax.vmap(jax.random.PRNGKey)(seed_ids)
             train = jax.vmap(jaxplan.make_train(plan, n))
+            train = spread_seeds(train, seed_mesh(seeds))  # as train_seeds: over the devices
             with unrolled_threefry():  # lowered as `jaxplan.train_seeds` does
                 row, (_, res) = measure(
                     case, train, keys, args.repeats, seeds * steps, **jaxplan_compile()

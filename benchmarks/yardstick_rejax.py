@@ -18,7 +18,9 @@ does not import jaxplan; create it with
 Cases, each the whole run as one jitted program, per library and round:
 
   ppo         one seed: jaxplan `jax.jit(make_train(plan, n))`, rejax `jax.jit(algo.train)`
-  ppo_vmap8   8 seeds `vmap`ped in one program; steps/s summed over seeds
+  ppo_vmap8   8 seeds `vmap`ped in one program (jaxplan: split over the CPU devices as
+              `jaxplan train --num-seeds 8` does, `--cpu-devices`, default one per core;
+              rejax: its one program on one device); steps/s summed over seeds
 
 compile_s = AOT trace+lower+compile (cold: fresh process for rejax, `jax.clear_caches()` for
 jaxplan); run_s = median of `--execs` executions of the compiled program; final_R = the
@@ -55,6 +57,7 @@ from throughput import ENV, check_steps, fixed_work_plan
 
 import jaxplan
 from jaxplan.fast_rng import unrolled_threefry
+from jaxplan.seed_devices import seed_mesh, spread_seeds
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_rejax_worker.py"
@@ -161,6 +164,7 @@ def run_jaxplan(args, plan, n, steps, cases) -> list[dict]:
             seeds = jnp.arange(args.seed, args.seed + NUM_SEEDS_VMAP, dtype=jnp.uint32)
             keys = jax.vmap(jax.random.PRNGKey)(seeds)
             train = jax.vmap(jaxplan.make_train(plan, n))
+            train = spread_seeds(train, seed_mesh(NUM_SEEDS_VMAP))  # as train_seeds does
             with unrolled_threefry():  # lowered as `jaxplan.train_seeds` does
                 row = measure_jaxplan(
                     case, train, keys, args.vmap_execs, NUM_SEEDS_VMAP * steps, steps

@@ -35,3 +35,13 @@ def assert_same_run(a, b, rtol: float, atol: float) -> None:
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
         else:
             np.testing.assert_array_equal(x, y)
+
+
+def pytest_configure(config):
+    """Start JAX's backend (one CPU device) before any test: `jaxplan train --num-seeds N`
+    called in-process would otherwise make the CPU one device per core for the whole worker
+    when it runs first (`jaxplan.seed_devices.use_cpu_devices`), and tests after it would see
+    two devices. Tests that need several devices start subprocesses."""
+    import jax
+
+    jax.devices()

@@ -37,6 +37,7 @@ from jaxplan.ppo.policy import PPOPolicy
 from jaxplan.random_policy import RandomPolicy
 from jaxplan.run import Stop, make_train, run_iterations, train_seeds
 from jaxplan.runner import Runner
+from jaxplan.seed_devices import use_cpu_devices
 from jaxplan.stages import (
     ApplyGradients,
     AsyncGradients,
@@ -120,5 +121,6 @@ __all__ = [
     "run_iterations",
     "sample_only_plan",
     "train_seeds",
+    "use_cpu_devices",
     "warn_about_bad_reward_scales",
 ]

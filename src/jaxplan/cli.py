@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-seeds",
         type=int,
         default=None,
-        help="train seeds seed..seed+N-1 in one vmapped program (default 1)",
+        help="train seeds seed..seed+N-1 in one vmapped program (default 1), split over the "
+        "CPU's cores (--cpu-devices) or the devices",
     )
     train.add_argument(
         "--config",
@@ -155,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="devices of the data-parallel mesh (config num_devices): 0 = one device, no mesh; "
         "-1 = all devices (the default in a multi-process run)",
+    )
+    dev.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU devices JAX makes of the cores (jaxplan.seed_devices): several seeds split "
+        "over them, one program per device (8 seeds on 2 cores: 2x the steps/s); default one "
+        "per core for several seeds without a data-parallel mesh, else JAX's (1); 1 = all "
+        "seeds in one program on one device; also the devices --num-devices N uses on the CPU",
     )
     dev.add_argument(
         "--coordinator-address",
@@ -436,6 +447,8 @@ def _check_args(args) -> None:
             f"--seed {args.seed} --num-seeds {args.num_seeds or 1}: seeds must be < 2**32 "
             f"({2**32:,}; PRNG keys are uint32), the last would be {last}"
         )
+    if args.cpu_devices is not None and args.cpu_devices < 1:
+        raise UsageError(f"--cpu-devices must be >= 1, got {args.cpu_devices}")
     if args.max_nonfinite_iters < 0:
         raise UsageError(f"--max-nonfinite-iters must be >= 0, got {args.max_nonfinite_iters}")
     if args.resume is not None and args.output not in (None, args.resume):
@@ -495,10 +508,18 @@ def _train(args) -> int:
         config = algorithm.preset_config(args.env or default_env, overrides)
     if args.stop_timesteps is None and args.stop_iters is None and args.stop_reward is None:
         args.stop_timesteps = 1_000_000
+    if saved is not None and args.seed is None and args.num_seeds is None:
+        seeds = list(saved["seeds"])
+    else:
+        first = 0 if args.seed is None else args.seed
+        seeds = list(range(first, first + (args.num_seeds or 1)))
 
     import jax
 
     multi_process = distributed.initialize(settings, args.distributed_timeout)
+    _use_cpu_devices(
+        args, len(seeds) > 1 and not multi_process and not config.data_parallel_devices
+    )
     if multi_process and "num_devices" not in overrides and config.data_parallel_devices == 0:
         config = config.updated({"num_devices": -1})  # one mesh over every process's devices
     writes = distributed.is_writer()
@@ -523,11 +544,6 @@ def _train(args) -> int:
         timesteps_total=args.stop_timesteps,
         training_iteration=args.stop_iters,
     )
-    if saved is not None and args.seed is None and args.num_seeds is None:
-        seeds = list(saved["seeds"])
-    else:
-        first = 0 if args.seed is None else args.seed
-        seeds = list(range(first, first + (args.num_seeds or 1)))
     params = {"algorithm": algorithm.name, "seeds": seeds, "config": config.to_dict()}
     try:
         runner = Runner(
@@ -550,7 +566,7 @@ def _train(args) -> int:
         f"jaxplan: {algorithm.name} on {config.env} | seeds {seeds[0]}..{seeds[-1]} | "
         f"{workers.num_actor_groups} groups x {workers.num_envs_per_worker} envs x "
         f"{workers.rollout_fragment_length} steps, {algorithm.describe(config)} | "
-        f"{_describe_stop(stop)} | {_describe_devices(jax, workers)}",
+        f"{_describe_stop(stop)} | {_describe_devices(jax, workers, len(seeds))}",
         flush=True,
     )
     t_compile = runner.compile().compile_s
@@ -800,10 +816,34 @@ def _silent(*args, **kwargs) -> None:
     pass
 
 
-def _describe_devices(jax, workers) -> str:
+def _use_cpu_devices(args, several_seeds: bool) -> None:
+    """`--cpu-devices N`, or by default one CPU device per core where several seeds can split
+    over them (`jaxplan.seed_devices`): set before JAX's backend starts."""
+    from jaxplan.seed_devices import use_cpu_devices
+
+    if args.cpu_devices is None:
+        if several_seeds:
+            use_cpu_devices()
+    elif not use_cpu_devices(args.cpu_devices):
+        import jax
+
+        print(
+            f"jaxplan: --cpu-devices {args.cpu_devices}: the CPU device count was set already "
+            f"(XLA_FLAGS, jax_num_cpu_devices, or JAX had started); using "
+            f"{len(jax.devices('cpu'))}",
+            file=sys.stderr,
+        )
+
+
+def _describe_devices(jax, workers, seeds: int) -> str:
     backend = jax.default_backend()
     if workers.mesh is None:
-        return f"1 {backend} device"
+        from jaxplan.seed_devices import seed_mesh
+
+        mesh = seed_mesh(seeds) if seeds > 1 else None
+        return (
+            f"1 {backend} device" if mesh is None else f"seeds over {mesh.size} {backend} devices"
+        )
     n = workers.mesh.size
     where = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
     return f"{n} {workers.mesh.devices.flat[0].platform} devices{where} (data-parallel)"

@@ -9,8 +9,9 @@ the helpers below; without a mesh they are plain single-device code.
 RLlib's `num_gpus` / jaxplan's `num_devices` is the number of devices in the mesh: `0` = no
 mesh (one device, no `shard_map`), `N >= 1` = the first `N` devices of the default backend
 (GPU, TPU or CPU), `-1` = all of them, across every process of a `jax.distributed` run.
-RLlib's `_fake_gpus` takes the devices from the CPU backend instead (several CPU devices need
-`XLA_FLAGS=--xla_force_host_platform_device_count=N` set before JAX starts).
+RLlib's `_fake_gpus` takes the devices from the CPU backend instead (several CPU devices must
+be set before JAX starts: `jaxplan.use_cpu_devices(N)` right after `import jax`, `jaxplan
+train --cpu-devices N`, or `XLA_FLAGS=--xla_force_host_platform_device_count=N`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ AXIS = "devices"
 """Name of the data-parallel mesh axis."""
 
 _XLA_HINT = (
-    "for N CPU devices set XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts"
+    "for N CPU devices: jaxplan train --cpu-devices N, jaxplan.use_cpu_devices(N) right after "
+    "import jax, or XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts"
 )
 
 

@@ -33,6 +33,8 @@ import numpy as np
 from flax import serialization
 from jax.experimental import multihost_utils
 from jax.extend import core as jax_core
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxplan import distributed
 from jaxplan import loggers as _loggers
@@ -47,6 +49,7 @@ from jaxplan.results import (
     with_empty_fields,
 )
 from jaxplan.run import Stop, run_iterations
+from jaxplan.seed_devices import SEED_AXIS, seed_mesh, spread_seeds
 
 _DEVICE_KEYS = ("config.num_devices", "config.num_gpus", "config._fake_gpus")
 """Params a resumed run may change: the run's data do not depend on the device layout."""
@@ -161,7 +164,9 @@ class Runner:
     each chunk that the policies are replicated bitwise.
 
     Programs are compiled with `jaxplan.compiler_options()` and, for several seeds, lowered
-    with the unrolled threefry (`jaxplan.fast_rng`; the same random numbers).
+    with the unrolled threefry (`jaxplan.fast_rng`; the same random numbers). Several seeds
+    are split over the devices where there are several (`jaxplan.seed_devices`; on the CPU
+    after `use_cpu_devices()`); `seed_mesh` is that mesh, else None.
 
     `state` is the latest `PlanState` (leading seed axis when there are several seeds),
     `last` maps each seed to its latest result and `done` lists the seeds that stopped.
@@ -206,6 +211,7 @@ class Runner:
         loggers: Iterable[str | _loggers.Logger | Callable[[dict], Any]] | None = None,
     ):
         self.plan = plan
+        self.seed_mesh: Mesh | None = None
         self.seeds = [int(s) for s in seeds]
         if not self.seeds:
             raise ValueError("Runner needs at least one seed")
@@ -346,8 +352,10 @@ class Runner:
         keys = np.asarray(jax.vmap(jax.random.PRNGKey)(jnp.asarray(self.seeds, jnp.uint32)))
         vmapped = len(self.seeds) > 1  # a vmap of one seed would cost compile time for nothing
         init_fn, chunk_fn, init_arg = plan.init, run_chunk, keys[0]
-        if vmapped:
-            init_fn, chunk_fn, init_arg = jax.vmap(plan.init), jax.vmap(run_chunk), keys
+        if vmapped:  # the seeds split over the devices where there are several (seed_devices)
+            self.seed_mesh = seed_mesh(len(self.seeds), plan.workers.mesh)
+            init_fn = spread_seeds(jax.vmap(plan.init), self.seed_mesh)
+            chunk_fn, init_arg = spread_seeds(jax.vmap(run_chunk), self.seed_mesh), keys
         # several seeds: threefry lowered unrolled, the same numbers (jaxplan.fast_rng)
         rng = unrolled_threefry() if vmapped else contextlib.nullcontext()
         with rng:
@@ -356,12 +364,18 @@ class Runner:
     def _compile_programs(self, init_fn, chunk_fn, init_arg, t0: float) -> Runner:
         init_lowered = jax.jit(init_fn).lower(init_arg)
         if self.plan.workers.mesh is None and jax.process_count() == 1:
-            # one device: init's XLA compile runs in a thread while the chunk is traced and
-            # lowered (Python, one core) from init's abstract outputs (the same avals; the
-            # default device's placement)
+            # no data-parallel mesh: init's XLA compile runs in a thread while the chunk is
+            # traced and lowered (Python, one core) from init's abstract outputs (the same
+            # avals; the default device's placement, or split along the seed axis)
+            state_info = jax.eval_shape(init_fn, init_arg)
+            if self.seed_mesh is not None:  # init's outputs: split along the seed axis
+                split = NamedSharding(self.seed_mesh, P(SEED_AXIS))
+                state_info = jax.tree.map(
+                    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=split), state_info
+                )
             with ThreadPoolExecutor(1) as pool:
                 init_compiling = pool.submit(init_lowered.compile, compiler_options())
-                compiled = self._compile_chunk(chunk_fn, jax.eval_shape(init_fn, init_arg))
+                compiled = self._compile_chunk(chunk_fn, state_info)
                 init = init_compiling.result()
         else:  # a mesh: the chunk takes the compiled init's output shardings
             init = init_lowered.compile(compiler_options())
