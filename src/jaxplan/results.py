@@ -31,10 +31,12 @@ Rules that keep the files whole:
   was. A resumed run appends to the run's files instead (its `params.json` stays).
 - Every file is replaced atomically (tmp + fsync + rename + directory fsync); a chunk's result
   lines are appended with one write and truncated back if the write or the chunk's checkpoint
-  fails (full disk) or is interrupted (a signal), so `result.jsonl` always ends with the last
-  complete line and matches `checkpoint.msgpack`. Old checkpoints are pruned only after the new
-  one is whole. Rows written after the latest checkpoint (a run killed between the two) are
-  dropped on resume, which writes them again, identically.
+  fails (full disk) or is interrupted (a signal), so `result.jsonl` ends with the last
+  complete line and matches `checkpoint.msgpack`. Only a `SIGKILL` inside that write can leave
+  a cut last line (nothing runs to truncate it): `jaxplan.plot.read_rows` skips a cut last line
+  and a resume truncates the file to the checkpoint's rows. Old checkpoints are pruned only
+  after the new one is whole. Rows written after the latest checkpoint (a run killed between
+  the two) are dropped on resume, which writes them again, identically.
 """
 
 from __future__ import annotations
