@@ -13,12 +13,21 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from conftest import TINY_PPO
 from jax.sharding import PartitionSpec as P
 
 from jaxplan import ppo_plan
-from jaxplan.seed_devices import SEED_AXIS, cpu_cores, seed_mesh, spread_seeds, use_cpu_devices
+from jaxplan.seed_devices import (
+    SEED_AXIS,
+    cpu_cores,
+    pad_seeds,
+    padded_seeds,
+    seed_mesh,
+    spread_seeds,
+    use_cpu_devices,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # measured: bitwise equal (0.0) for TINY_PPO; the bound allows last-bit rounding of XLA's
@@ -66,9 +75,13 @@ def test_xla_flags_device_count_wins():
         assert out.stdout.split() == expected.split()
 
 
-def test_seed_mesh_is_the_most_devices_that_divide_the_seeds(two_devices):
-    assert two_devices["mesh_sizes"] == {"1": 1, "2": 2, "3": 1, "4": 2, "6": 2}
-    assert seed_mesh(8) is None  # one device here
+def test_seed_mesh_gives_each_device_as_few_seeds_as_it_can(two_devices):
+    # 3 and 5 seeds on 2 devices: 2 and 3 per device, one slot padded
+    assert two_devices["mesh_sizes"] == {"1": 1, "2": 2, "3": 2, "4": 2, "5": 2}
+    assert two_devices["padded"] == {"1": 1, "2": 2, "3": 4, "4": 4, "5": 6}
+    assert seed_mesh(8) is None and padded_seeds(8, None) == 8  # one device here
+    x = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal(pad_seeds({"a": x}, 4)["a"], [[0, 1], [2, 3], [4, 5], [4, 5]])
     plan = ppo_plan({"num_workers": 1, "num_envs_per_worker": 2, "train_batch_size": 400})
     assert seed_mesh(4, plan.workers.mesh) is None
 
@@ -78,15 +91,22 @@ def test_seed_mesh_is_the_most_devices_that_divide_the_seeds(two_devices):
     assert spread_seeds(f, None) is f
 
 
-@pytest.mark.parametrize("which", ["train_seeds", "hparams", "runner", "resume"])
+@pytest.mark.parametrize("which", ["train_seeds", "hparams", "three", "runner", "resume"])
 def test_seeds_split_over_two_devices_train_as_on_one(two_devices, which):
-    """`train_seeds` (also an lr sweep with a shared clip), the Runner, and a resumed Runner,
-    with 4 seeds split 2 + 2, against the same seeds vmapped on one device (lowered the same
-    way) / train_seeds / an uninterrupted run: the same run, the results split over both."""
+    """`train_seeds` with 4 seeds split 2 + 2, with 3 seeds (2 + 2, one slot a copy: dropped)
+    and a 3-run lr sweep with a shared clip, a 3-seed Runner, and that Runner resumed, against
+    the same seeds vmapped on one device (lowered the same way) / `train_seeds`: the same run,
+    computed on both devices."""
     out = two_devices[which]
-    assert out["devices"] == 2 and out["spec"] == str(P(SEED_AXIS))
+    assert out["devices"] == 2
+    if which not in ("three", "hparams"):  # split along the seed axis (the Runner's padded
+        # state too); the 3 runs train_seeds returns are cut from 4 inside its program, placed
+        # as XLA chose
+        assert out["spec"] == str(P(SEED_AXIS))
     assert out["ints_equal"] and out["nan_equal"]
     assert out["max_diff"] <= MAX_DIFF, out
+    if which in ("three", "hparams", "runner"):
+        assert out["rows"] == [3]  # what comes back: the 3 seeds, not the padded slot
     if which == "runner":
         assert out["mesh"] == 2
 

@@ -841,9 +841,9 @@ def _describe_devices(jax, workers, seeds: int) -> str:
         from jaxplan.seed_devices import seed_mesh
 
         mesh = seed_mesh(seeds) if seeds > 1 else None
-        return (
-            f"1 {backend} device" if mesh is None else f"seeds over {mesh.size} {backend} devices"
-        )
+        if mesh is None:
+            return f"1 {backend} device"
+        return f"seeds over {mesh.size} {backend} devices ({-(-seeds // mesh.size)} each)"
     n = workers.mesh.size
     where = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
     return f"{n} {workers.mesh.devices.flat[0].platform} devices{where} (data-parallel)"

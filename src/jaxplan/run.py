@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 from jaxplan.compiler import compiler_options
 from jaxplan.fast_rng import unrolled_threefry
 from jaxplan.flow import Plan, Result
-from jaxplan.seed_devices import SEED_AXIS, seed_mesh, spread_seeds
+from jaxplan.seed_devices import SEED_AXIS, pad_seeds, padded_seeds, seed_mesh, spread_seeds
 from jaxplan.stages.metrics import episode_stats
 from jaxplan.workers import PlanState
 
@@ -107,8 +107,9 @@ def train_seeds(
     with the unrolled threefry (`jaxplan.fast_rng.unrolled_threefry`: the same random numbers)
     and compiled with `jaxplan.compiler_options()`, so its floats may differ in the last bits
     from a plain `jax.jit(jax.vmap(make_train(...)))`. With several devices (on the CPU:
-    `jaxplan.seed_devices.use_cpu_devices()` at the start) the seeds are split over them
-    (`jaxplan.seed_devices`), the returned leaves sharded along the seed axis.
+    `jaxplan.use_cpu_devices()` at the start) the seeds are split over them
+    (`jaxplan.seed_devices`; 3 seeds on 2 devices: 2 each, the fourth a copy of the last seed,
+    dropped), the returned leaves placed along the seed axis over them.
 
     `hparams` (see `make_train`): each value is a number shared by all runs or a `[len(seeds)]`
     array, one per run, so `seeds=[0, 0, 0], hparams={"default_policy": {"lr": [1e-4, 3e-4,
@@ -117,20 +118,28 @@ def train_seeds(
     seeds = jnp.asarray(seeds, jnp.uint32)
     if seeds.ndim != 1 or seeds.shape[0] == 0:
         raise ValueError(f"seeds must be a non-empty list of ints, got shape {list(seeds.shape)}")
-    keys = jax.vmap(jax.random.PRNGKey)(seeds)
-    mesh = seed_mesh(seeds.shape[0], plan.workers.mesh)
+    n = seeds.shape[0]
+    mesh = seed_mesh(n, plan.workers.mesh)
+    length = padded_seeds(n, mesh)  # n, or up to a multiple of the devices (copies of the last)
+    keys = pad_seeds(jax.vmap(jax.random.PRNGKey)(seeds), length)
     if hparams is None:
-        train, args = jax.vmap(make_train(plan, num_iterations, stop)), (keys,)
-        train = spread_seeds(train, mesh)
+        train = jax.vmap(make_train(plan, num_iterations, stop))
+        train, args = spread_seeds(train, mesh), (keys,)
     else:
-        hparams, axes = _per_run(hparams, seeds.shape[0])
+        hparams, axes = _per_run(hparams, n)
         first = jax.tree.map(lambda x, a: x if a is None else x[0], hparams, axes)
         jax.eval_shape(lambda key: plan.init(key, first), keys[0])  # bad hparams fail here
+        hparams = jax.tree.map(lambda x, a: x if a is None else pad_seeds(x, length), hparams, axes)
         train = jax.vmap(make_train(plan, num_iterations, stop), in_axes=(0, axes))
         shared = jax.tree.map(lambda a: P() if a is None else P(SEED_AXIS), axes, is_leaf=_none)
         train, args = spread_seeds(train, mesh, (P(SEED_AXIS), shared)), (keys, hparams)
+
+    def run(*args):
+        out = train(*args)
+        return out if length == n else jax.tree.map(lambda x: x[:n], out)  # the padding dropped
+
     with unrolled_threefry():  # the same numbers; cheaper with a seed axis (jaxplan.fast_rng)
-        return jax.jit(train, compiler_options=compiler_options())(*args)
+        return jax.jit(run, compiler_options=compiler_options())(*args)
 
 
 def _none(x: Any) -> bool:

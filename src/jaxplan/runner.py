@@ -49,7 +49,7 @@ from jaxplan.results import (
     with_empty_fields,
 )
 from jaxplan.run import Stop, run_iterations
-from jaxplan.seed_devices import SEED_AXIS, seed_mesh, spread_seeds
+from jaxplan.seed_devices import SEED_AXIS, pad_seeds, padded_seeds, seed_mesh, spread_seeds
 
 _DEVICE_KEYS = ("config.num_devices", "config.num_gpus", "config._fake_gpus")
 """Params a resumed run may change: the run's data do not depend on the device layout."""
@@ -261,7 +261,8 @@ class Runner:
         )
         """Every logger the results go to, built-in ones first (empty where not `writes`)."""
         self._logged = False
-        self.state = None
+        self._state = None  # on the device; its seed axis padded to `_length` (seed_devices)
+        self._length = len(self.seeds)
         self.compile_s: float | None = None
         self.last: dict[int, dict] = {}
         self.done: list[int] = []
@@ -354,8 +355,10 @@ class Runner:
         init_fn, chunk_fn, init_arg = plan.init, run_chunk, keys[0]
         if vmapped:  # the seeds split over the devices where there are several (seed_devices)
             self.seed_mesh = seed_mesh(len(self.seeds), plan.workers.mesh)
+            self._length = padded_seeds(len(self.seeds), self.seed_mesh)
             init_fn = spread_seeds(jax.vmap(plan.init), self.seed_mesh)
-            chunk_fn, init_arg = spread_seeds(jax.vmap(run_chunk), self.seed_mesh), keys
+            chunk_fn = spread_seeds(jax.vmap(run_chunk), self.seed_mesh)
+            init_arg = pad_seeds(keys, self._length)  # copies of the last seed: never reported
         # several seeds: threefry lowered unrolled, the same numbers (jaxplan.fast_rng)
         rng = unrolled_threefry() if vmapped else contextlib.nullcontext()
         with rng:
@@ -381,7 +384,7 @@ class Runner:
             init = init_lowered.compile(compiler_options())
             compiled = self._compile_chunk(chunk_fn, init.out_info)
         self._chunk_fn = compiled
-        self.state = init(init_arg)
+        self._state = init(init_arg)
         self.compile_s = time.perf_counter() - t0
         if self.resume:
             self._restore(init.out_info)
@@ -403,6 +406,8 @@ class Runner:
             state = serialization.from_state_dict(placement, saved)
         except (ValueError, KeyError) as e:
             raise ValueError(f"cannot resume: the checkpoint's state does not fit: {e}") from None
+        if self._length > len(self.seeds):  # saved without the padding: copies of the last seed
+            state = pad_seeds(jax.tree.map(np.asarray, state), self._length)
         for path, x, p in zip(
             *zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True),
             jax.tree.leaves(placement),
@@ -419,12 +424,20 @@ class Runner:
             x = np.asarray(x)
             return jax.make_array_from_callback(p.shape, p.sharding, lambda index: x[index])
 
-        self.state = jax.tree.map(place, state, placement)
+        self._state = jax.tree.map(place, state, placement)
         self._elapsed = float(self._saved.get("elapsed_s", 0.0))
         if self.stop is not None:  # seeds that already stopped stay stopped
             met = jax.jit(jax.vmap(self.stop.met) if len(self.seeds) > 1 else self.stop.met)
-            met = np.atleast_1d(np.asarray(met(self.state)))
+            met = np.atleast_1d(np.asarray(met(self._state)))[: len(self.seeds)]
             self.done = [seed for seed, m in zip(self.seeds, met, strict=True) if m]
+
+    @property
+    def state(self) -> Any:
+        """The latest `PlanState` (None before `compile`); a leading seed axis when there are
+        several seeds, `len(seeds)` long."""
+        if self._state is None or self._length == len(self.seeds):
+            return self._state
+        return jax.tree.map(lambda x: x[: len(self.seeds)], self._state)
 
     def __iter__(self) -> Iterator[list[dict]]:
         try:
@@ -445,7 +458,7 @@ class Runner:
 
     def _run_chunk(self) -> list[dict]:
         t0 = time.perf_counter()
-        self.state, stacked = self._chunk_fn(self.state)
+        self._state, stacked = self._chunk_fn(self._state)
         stacked = jax.device_get(stacked)
         if len(self.seeds) == 1:  # the seed axis on the host (on the device: one op per leaf)
             stacked = jax.tree.map(lambda x: np.asarray(x)[None], stacked)
@@ -469,16 +482,17 @@ class Runner:
         self._elapsed += self.chunk * per_iter
         failed = self._count_nonfinite(out)
         if self.plan.workers.mesh is not None:  # collective: every process, every chunk
-            distributed.check_replicated(self.state.policies, "policies")
+            distributed.check_replicated(self._state.policies, "policies")
         multi_process = jax.process_count() > 1
         written = True
         if self.writer is not None or (self.output is not None and multi_process):
             # the whole state on the host (a collective: every process joins it)
-            state = (
-                multihost_utils.process_allgather(self.state, tiled=True)
-                if multi_process
-                else jax.device_get(self.state)
-            )
+            if multi_process:
+                state = multihost_utils.process_allgather(self._state, tiled=True)
+            else:  # without the padding (seed_devices), cut on the host
+                state = jax.device_get(self._state)
+                if self._length > len(self.seeds):
+                    state = jax.tree.map(lambda x: x[: len(self.seeds)], state)
             if self.writer is not None:
                 if _finite_policies(state.policies):  # never a checkpoint of such a state
                     self.writer.write_chunk(out, self.seeds, state, self._elapsed)

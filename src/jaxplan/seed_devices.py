@@ -3,19 +3,21 @@
 `train_seeds` and a several-seed `Runner` (so `jaxplan train --num-seeds N`) `vmap` a plan over a
 leading seed axis. Where the default backend has several devices (this process's), they split
 that axis over a one-axis mesh named `SEED_AXIS` with `jax.shard_map`: each device runs the
-vmapped program on `num_seeds / devices` seeds, with no communication (the seeds are
-independent), so the state and results come back with the seed axis sharded over the devices.
-A plan on its own data-parallel mesh (`num_devices`), a multi-process run and seed counts that no
-device count divides keep one device.
+vmapped program on its share of the seeds, with no communication (the seeds are independent).
+A seed count the devices do not divide is padded with copies of the last seed (3 seeds on 2
+devices: 2 each; `seed_mesh`, `padded_seeds`), which the callers drop: what comes back has
+`num_seeds` rows. A plan on its own data-parallel mesh (`num_devices`) and a multi-process run
+keep one device.
 
 On the CPU, JAX has one device unless told otherwise, and XLA's runtime runs a small-matmul RL
 program mostly on one core (1.05 cores busy for one seed, 1.55 for 8 vmapped seeds of the
 peers' fixed work on 2 cores). `use_cpu_devices()` makes the CPU backend one device per core,
 which must happen before JAX's backend starts: right after `import jax`, before any JAX
 operation. `jaxplan train` does it for several seeds (`--cpu-devices`). Measured on 2 cores
-(benchmarks/README.md, "Issue 14, 7 December"): 8 seeds 1.91-2.04x the steps/s of one
-device. One seed stays on one device: data-parallel SGD over two CPU devices is slower at
-these sizes (0.65x: every minibatch's all-reduce and the per-op overheads do not halve).
+(benchmarks/README.md, "Issue 14: several seeds split over the CPU's cores"): 8 seeds
+1.91-2.04x the steps/s of one device, 3 seeds (padded to 4) 1.81-1.84x. One seed stays on
+one device: data-parallel SGD over two CPU devices is slower at these sizes (0.65x: every
+minibatch's all-reduce and the per-op overheads do not halve).
 
 A seed's floats may differ in the last bits with its program's seed count per device (XLA
 compiles a vmap over 4 seeds differently from one over 8), and RL amplifies such differences,
@@ -69,15 +71,39 @@ def use_cpu_devices(num_devices: int | None = None) -> bool:
 
 
 def seed_mesh(num_seeds: int, plan_mesh: Mesh | None = None) -> Mesh | None:
-    """The mesh `num_seeds` seeds split over: the first `d` devices of the default backend, `d`
-    the most (up to all of this process's) that divides `num_seeds`. None where that is one
+    """The mesh `num_seeds` seeds split over: the first `d` devices of the default backend
+    (this process's), `d` the fewest that give each device as few seeds as all of them would
+    (`ceil(num_seeds / d)`), so 8 seeds on 2 devices: 2 (4 each), 3 seeds: 2 (2 each, one
+    slot padded: `padded_seeds`), 6 seeds on 4 devices: 3 (2 each). None where that is one
     device, where the plan has its own data-parallel mesh `plan_mesh`, or in a multi-process
     run (its processes train one model together)."""
     if plan_mesh is not None or jax.process_count() > 1:
         return None
     devices = jax.local_devices()
-    d = max(k for k in range(1, min(num_seeds, len(devices)) + 1) if num_seeds % k == 0)
+    per_device = -(-num_seeds // min(num_seeds, len(devices)))
+    d = -(-num_seeds // per_device)
     return None if d == 1 else Mesh(np.asarray(devices[:d]), (SEED_AXIS,))
+
+
+def padded_seeds(num_seeds: int, mesh: Mesh | None) -> int:
+    """The seed axis's length on `mesh`: `num_seeds` rounded up to a multiple of its size (the
+    extra slots train copies of the last seed, dropped from what the callers return)."""
+    d = 1 if mesh is None else mesh.size
+    return -(-num_seeds // d) * d
+
+
+def pad_seeds(x: Any, length: int) -> Any:
+    """`x` (an array, or a pytree of them, with a leading seed axis) padded to `length` rows
+    along it by repeating its last row (numpy stays numpy)."""
+
+    def pad(a):
+        extra = length - a.shape[0]
+        if extra == 0:
+            return a
+        xp = np if isinstance(a, np.ndarray) else jax.numpy
+        return xp.concatenate([a, xp.repeat(a[-1:], extra, axis=0)])
+
+    return jax.tree.map(pad, x)
 
 
 def spread_seeds(fn: Callable, mesh: Mesh | None, in_specs: Any = None) -> Callable:
