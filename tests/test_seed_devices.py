@@ -113,12 +113,15 @@ def test_seeds_split_over_two_devices_train_as_on_one(two_devices, which):
 
 def test_cli_splits_several_seeds_over_the_cores(tmp_path):
     """`jaxplan train --num-seeds 2` makes the CPU one device per core (2 given here) and
-    splits the seeds; `--cpu-devices 1` keeps one device; an XLA_FLAGS count wins, said."""
+    splits the seeds; `--cpu-devices 1` keeps one device; an XLA_FLAGS count wins, said; with
+    `--num-devices 2` the two CPU devices are the plan's data-parallel mesh instead."""
     cli = [sys.executable, "-m", "jaxplan.cli", "train", "ppo", "--num-seeds", "2"]
     cli += ["--stop-iters", "1", "--no-compile-cache", "--quiet"]
     for key, value in TINY_PPO.items():
         cli += ["--config", f"{key}={json.dumps(value)}"]
     runs = {
+        # the data-parallel mesh over the CPU devices --cpu-devices makes: no seed split
+        "mesh": (["--cpu-devices", "2", "--num-devices", "2"], _env()),
         "split": (["--cpu-devices", "2"], _env()),
         "one": (["--cpu-devices", "1"], _env()),
         "flags": (
@@ -139,12 +142,13 @@ def test_cli_splits_several_seeds_over_the_cores(tmp_path):
     outs = {k: p.communicate(timeout=600) for k, p in procs.items()}
     for k, p in procs.items():
         assert p.returncode == 0, outs[k][1][-3000:]
-    assert "seeds over 2 cpu devices" in outs["split"][0]
+    assert "seeds over 2 cpu devices (1 each)" in outs["split"][0]
+    assert "| 2 cpu devices (data-parallel)" in outs["mesh"][0]
     assert "| 1 cpu device" in outs["one"][0] and "| 1 cpu device" in outs["flags"][0]
     assert "--cpu-devices 2: the CPU device count was set already" in outs["flags"][1]
     rows = {k: (tmp_path / k / "result.jsonl").read_text().splitlines() for k in runs}
-    split, one = ([json.loads(r) for r in rows[k]] for k in ("split", "one"))
+    split, one, mesh = ([json.loads(r) for r in rows[k]] for k in ("split", "one", "mesh"))
     assert [r["seed"] for r in split] == [0, 1] == [r["seed"] for r in one]
-    for a, b in zip(split, one, strict=True):
-        assert a["timesteps_total"] == b["timesteps_total"]
-        assert a["episodes_total"] == b["episodes_total"]
+    for a, b, c in zip(split, one, mesh, strict=True):  # the same data (per-group keys)
+        assert a["timesteps_total"] == b["timesteps_total"] == c["timesteps_total"]
+        assert a["episodes_total"] == b["episodes_total"] == c["episodes_total"]
