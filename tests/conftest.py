@@ -45,3 +45,18 @@ def pytest_configure(config):
     import jax
 
     jax.devices()
+
+
+def run_json_worker(args: list[str], env: dict, timeout: float = 600) -> dict:
+    """Runs `python ARGS` with `env` (e.g. several CPU devices, which must be set before JAX
+    starts) and returns the JSON object its last stdout line holds; fails with its stderr's
+    tail when it exits non-zero."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -8,13 +8,11 @@ are tiny, so it is compile time (~1 min on 2 cores)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_json_worker
 
 SCRIPT = r"""
 import json
@@ -124,15 +122,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def two_devices() -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_worker(["-c", textwrap.dedent(SCRIPT)], env)
 
 
 def test_each_device_contributes_its_own_gradient(two_devices):

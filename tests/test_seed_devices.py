@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import TINY_PPO
+from conftest import TINY_PPO, run_json_worker
 from jax.sharding import PartitionSpec as P
 
 from jaxplan import ppo_plan
@@ -42,15 +42,7 @@ def _env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def two_devices() -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "seed_devices_worker.py")],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_worker([str(ROOT / "tests" / "seed_devices_worker.py")], _env())
 
 
 def test_use_cpu_devices_before_jax_starts_and_not_after(two_devices):

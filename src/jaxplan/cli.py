@@ -838,12 +838,13 @@ def _use_cpu_devices(args, several_seeds: bool) -> None:
 def _describe_devices(jax, workers, seeds: int) -> str:
     backend = jax.default_backend()
     if workers.mesh is None:
-        from jaxplan.seed_devices import seed_mesh
+        from jaxplan.seed_devices import padded_seeds, seed_mesh
 
         mesh = seed_mesh(seeds) if seeds > 1 else None
         if mesh is None:
             return f"1 {backend} device"
-        return f"seeds over {mesh.size} {backend} devices ({-(-seeds // mesh.size)} each)"
+        each = padded_seeds(seeds, mesh) // mesh.size
+        return f"seeds over {mesh.size} {backend} devices ({each} each)"
     n = workers.mesh.size
     where = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
     return f"{n} {workers.mesh.devices.flat[0].platform} devices{where} (data-parallel)"

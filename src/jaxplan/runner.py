@@ -428,16 +428,20 @@ class Runner:
         self._elapsed = float(self._saved.get("elapsed_s", 0.0))
         if self.stop is not None:  # seeds that already stopped stay stopped
             met = jax.jit(jax.vmap(self.stop.met) if len(self.seeds) > 1 else self.stop.met)
-            met = np.atleast_1d(np.asarray(met(self._state)))[: len(self.seeds)]
+            met = self._unpadded(np.atleast_1d(np.asarray(met(self._state))))
             self.done = [seed for seed, m in zip(self.seeds, met, strict=True) if m]
 
     @property
     def state(self) -> Any:
         """The latest `PlanState` (None before `compile`); a leading seed axis when there are
         several seeds, `len(seeds)` long."""
-        if self._state is None or self._length == len(self.seeds):
-            return self._state
-        return jax.tree.map(lambda x: x[: len(self.seeds)], self._state)
+        return None if self._state is None else self._unpadded(self._state)
+
+    def _unpadded(self, tree: Any) -> Any:
+        """`tree` (device or host arrays with the seed axis first) without the padded seed
+        slots (`seed_devices.padded_seeds`): `len(seeds)` rows; itself when there are none."""
+        n = len(self.seeds)
+        return tree if self._length == n else jax.tree.map(lambda x: x[:n], tree)
 
     def __iter__(self) -> Iterator[list[dict]]:
         try:
@@ -490,9 +494,7 @@ class Runner:
             if multi_process:
                 state = multihost_utils.process_allgather(self._state, tiled=True)
             else:  # without the padding (seed_devices), cut on the host
-                state = jax.device_get(self._state)
-                if self._length > len(self.seeds):
-                    state = jax.tree.map(lambda x: x[: len(self.seeds)], state)
+                state = self._unpadded(jax.device_get(self._state))
             if self.writer is not None:
                 if _finite_policies(state.policies):  # never a checkpoint of such a state
                     self.writer.write_chunk(out, self.seeds, state, self._elapsed)
