@@ -1,6 +1,8 @@
 """jaxplan.fast_rng: the unrolled threefry lowering on the CPU gives the same bits without
 while loops. It reaches into JAX internals, so this test is the alarm for a JAX upgrade."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,3 +103,53 @@ def test_seed_vmapped_programs_are_lowered_unrolled(monkeypatch, tmp_path):
         seen.clear()
         Runner(plan, seeds, jaxplan.Stop(training_iteration=1), chunk=1).compile()
         assert seen and all(s == unrolled for s in seen) and not fast_rng._unrolled
+
+
+def test_unrolled_here_unrolls_only_what_is_traced_inside():
+    """The hashes traced inside `unrolled_here` (here inside a `scan`, through `jax.random`'s
+    own jitted functions) lower without loops, those outside keep JAX's rolled loops, and
+    the bits are those of the plain program."""
+    from jaxplan.fast_rng import unrolled_here
+
+    def program(key, marked):
+        def body(k, _):
+            k, s = jax.random.split(k)
+            return k, jax.random.uniform(s, (3,))
+
+        outside = jax.random.normal(key, (4,))
+        with unrolled_here() if marked else contextlib.nullcontext() as ok:
+            _, inside = jax.lax.scan(body, key, None, 5)
+        assert ok in (True, None), (
+            "jaxplan.fast_rng.unrolled_here: jax.experimental.xla_metadata or the lowering "
+            "internals moved; update jaxplan/fast_rng.py for this JAX"
+        )
+        return outside, inside
+
+    key = jax.random.PRNGKey(5)
+    loops = {m: _while_loops(lambda k, m=m: program(k, m), key) for m in (False, True)}
+    # the scan's own loop stays; the rolled hashes inside it are gone, not the one outside
+    assert loops[True] >= 2 and loops[False] > loops[True]
+    assert _while_loops(lambda k: program(k, True)[0], key) >= 1  # the outside draw: rolled
+    marked = jax.jit(lambda k: program(k, True))(key)
+    plain = jax.jit(lambda k: program(k, False))(key)
+    for a, b in zip(jax.tree.leaves(marked), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rollouts_act_unrolled_with_the_same_numbers(monkeypatch):
+    """The rollout stage traces its steps inside `unrolled_here`: an acting plan's program
+    has fewer loops than without it and takes the same actions, episodes and returns."""
+    from jaxplan.stages import rollouts
+
+    plan = jaxplan.ppo_plan(TINY_PPO, env="CartPole-v1")
+    acting = jaxplan.sample_only_plan(plan.workers, mode="bulk_sync")
+    key = jax.random.PRNGKey(0)
+
+    def lowered():
+        return jax.jit(lambda k: jaxplan.make_train(acting, 3)(k)).lower(key)
+
+    fast_text, fast = lowered().as_text(), jax.jit(jaxplan.make_train(acting, 3))(key)
+    monkeypatch.setattr(rollouts, "unrolled_here", contextlib.nullcontext)
+    plain_text, plain = lowered().as_text(), jax.jit(jaxplan.make_train(acting, 3))(key)
+    assert fast_text.count("stablehlo.while") < plain_text.count("stablehlo.while")
+    assert_same_run(fast, plain, rtol=1e-6, atol=1e-7)

@@ -113,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--unrolled-rng",
         action="store_true",
-        help="lower jax.random's threefry unrolled on the CPU for one seed too (several "
-        "seeds always are): the same numbers; acting 1.3-1.5x, PPO 0.96-1.10x, ~0.7 s more "
-        "compile (jaxplan.fast_rng)",
+        help="lower jax.random's threefry unrolled in the whole program on the CPU for one "
+        "seed too (the rollouts' steps always are, several seeds' whole programs too): the same "
+        "numbers; for PPO no faster than the default (jaxplan.fast_rng)",
     )
     train.add_argument(
         "--max-nonfinite-iters",

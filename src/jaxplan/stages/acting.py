@@ -4,6 +4,9 @@ transition, episode bookkeeping.
 Used by both schedules of the rollout stage (`jaxplan.stages.rollouts`). Randomness is drawn per
 actor group and per env from keys split for *all* groups, then sliced to this device's
 groups, so a group's steps do not depend on how many devices the groups are spread over.
+A step's keys are derived from its one key by `step_keys`; the rollout stage derives a whole
+segment's at once (`vmap` over the steps, before its `scan`): the same keys, from a few wide
+hashes per segment instead of three small ones per step.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from jaxplan import batch as sb
 from jaxplan import devices
@@ -71,11 +75,34 @@ def next_policy_state(
     return {k: reset(nxt[k]).astype(state[k].dtype) for k in state}
 
 
+@struct.dataclass
+class StepKeys:
+    """The keys one env step of the local groups draws from: per policy its action keys
+    (`[local groups]`, one per group) and the envs' keys (`[local groups, envs]`)."""
+
+    act: dict[str, jax.Array]
+    env: jax.Array
+
+
+def step_keys(workers: WorkerSet, key: jax.Array, axis_name: str | None) -> StepKeys:
+    """The keys of the env step drawn from `key`: split for all groups (and envs), then
+    sliced to this device's groups (`axis_name`). `vmap` it over a segment's step keys to
+    derive them all before a `scan` (the same keys)."""
+    groups, envs = workers.num_actor_groups, workers.num_envs_per_worker
+    k_act, k_env = jax.random.split(key)
+    act = {}
+    for i, pid in enumerate(workers.policy_agents):
+        k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
+        act[pid] = devices.local_slice(jax.random.split(k_pol, groups), axis_name)
+    env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
+    return StepKeys(act=act, env=devices.local_slice(env_keys, axis_name))
+
+
 def step_envs(
     workers: WorkerSet,
     params: dict[str, Any],
     actors: ActorState,
-    key: jax.Array,
+    key: jax.Array | StepKeys,
     axis_name: str | None,
     *,
     per_group: bool = False,
@@ -83,7 +110,8 @@ def step_envs(
     explore: bool = True,
     filters: dict[str, MeanStd] | None = None,
 ) -> tuple[ActorState, dict[str, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]:
-    """Steps every env of the local groups once, every agent acting with its policy.
+    """Steps every env of the local groups once, every agent acting with its policy, drawing
+    from `key` (a PRNG key, or the `StepKeys` that `step_keys` derives from one).
 
     `params` maps policy ids to their params, or with `per_group` to stacks
     `[local groups, ...]` (each group acts with its own snapshot). `active` (`[local groups]`
@@ -100,13 +128,11 @@ def step_envs(
     episode_length)` for the episode windows (`done` is False for frozen groups).
     """
     env = workers.ma_env
-    groups, envs = workers.num_actor_groups, workers.num_envs_per_worker
-    k_act, k_env = jax.random.split(key)
+    keys = key if isinstance(key, StepKeys) else step_keys(workers, key, axis_name)
     actions, transitions, carries = {}, {}, {}
-    for i, (pid, agents) in enumerate(workers.policy_agents.items()):
+    for pid, agents in workers.policy_agents.items():
         policy = workers.policies[pid]
-        k_pol = k_act if i == 0 else jax.random.fold_in(k_act, i)
-        act_keys = devices.local_slice(jax.random.split(k_pol, groups), axis_name)
+        act_keys = keys.act[pid]
         obs = stack_agents(actors.obs, agents)  # [g, e, agents, ...]
         seen = filters[pid](obs) if filters else obs
         compute = policy.compute_actions
@@ -130,9 +156,8 @@ def step_envs(
                 space, pol_actions[:, :, j], normalize_actions=workers.normalize_actions
             )
         transitions[pid] = {sb.OBS: obs, sb.ACTIONS: pol_actions, **extras}
-    env_keys = jax.random.split(k_env, groups * envs).reshape(groups, envs, -1)
     obs, env_state, reward, terminated, truncated, final_obs = vmap_envs(env.step)(
-        devices.local_slice(env_keys, axis_name), actors.env_state, actions
+        keys.env, actors.env_state, actions
     )
     for pid, agents in workers.policy_agents.items():
         transitions[pid].update(

@@ -49,10 +49,11 @@ from jaxplan import batch as sb
 from jaxplan import devices
 from jaxplan.batch import MultiAgentBatch
 from jaxplan.devices import AXIS
+from jaxplan.fast_rng import unrolled_here
 from jaxplan.filters import MeanStd, moments
 from jaxplan.flow import Flow, Stage
 from jaxplan.policy import acting_params
-from jaxplan.stages.acting import select_groups, step_envs
+from jaxplan.stages.acting import select_groups, step_envs, step_keys
 from jaxplan.workers import PlanState, WorkerSet
 
 ROLLOUT_MODES = ("bulk_sync", "async")
@@ -391,8 +392,13 @@ class Rollouts(Stage):
             )
             return actors, out
 
-        keys = jax.random.split(key, self.segment)
-        actors, (steps, episodes, observed) = jax.lax.scan(body, state.actors, keys)
+        # every step's keys derived at once (the same keys as step by step; see step_keys),
+        # the env steps' many small hashes lowered unrolled on the CPU (jaxplan.fast_rng)
+        with unrolled_here():
+            keys = jax.vmap(lambda k: step_keys(self.workers, k, axis))(
+                jax.random.split(key, self.segment)
+            )
+            actors, (steps, episodes, observed) = jax.lax.scan(body, state.actors, keys)
         observed = {  # [S, 2, groups, envs, agents, *obs_shape]
             pid: moments(obs, weight, axis, batch_ndim=weight.ndim)
             for pid, (obs, weight) in observed.items()
