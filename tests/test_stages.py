@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import TINY_PPO
 
 import jaxplan
 from jaxplan.batch import DEFAULT_POLICY_ID, MultiAgentBatch
@@ -558,3 +559,35 @@ def test_episode_stats_nan_before_any_episode():
     }
     for name, value in stats.items():
         assert np.isnan(float(value)), name
+
+
+def test_sgd_carries_actor_critic_params_as_one_vector_and_gives_them_back():
+    """`flat_params`: PPO's params travel through the epochs as one raveled vector (the loss
+    sees the tree; tests/test_faults.py checks the update bitwise against the tree loop);
+    APPO, whose `apply_gradients` reads the params' parts, and params of mixed dtypes keep
+    the tree."""
+    from jaxplan.stages.train_one_step import flat_params
+
+    plan = jaxplan.ppo_plan(TINY_PPO, env="CartPole-v1")
+    policy = plan.workers.policies[PID]
+    ps = jax.jit(plan.init)(jax.random.PRNGKey(0)).policies[PID]
+    flat, loss, unflatten = flat_params(policy, ps)
+    leaves = jax.tree.leaves(ps.params)
+    assert flat.params.shape == (sum(x.size for x in leaves),)
+    back = unflatten(flat)
+    assert jax.tree.structure(back.params) == jax.tree.structure(ps.params)
+    for a, b in zip(jax.tree.leaves(back.params), leaves, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert loss is not policy.loss
+
+    appo = jaxplan.algorithms.get_algorithm("appo")
+    aplan = appo.plan({"model": {"fcnet_hiddens": [8]}}, env="CartPole-v1")
+    apolicy = aplan.workers.policies[PID]
+    aps = jax.jit(aplan.init)(jax.random.PRNGKey(0)).policies[PID]
+    assert not apolicy.flat_params_sgd
+    same, aloss, _ = flat_params(apolicy, aps)
+    assert same is aps and aloss == apolicy.loss
+
+    mixed = ps.replace(params={**ps.params, "count": jnp.zeros((), jnp.int32)})
+    same, mloss, _ = flat_params(policy, mixed)
+    assert same is mixed and mloss == policy.loss

@@ -63,6 +63,15 @@ class ActorCriticPolicy:
         clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else optax.identity()
         self.tx = optax.flatten(optax.chain(clip, scale_by_optimizer(config)))
 
+    @property
+    def flat_params_sgd(self) -> bool:
+        """Whether `sgd_epochs` may carry the params as one raveled vector
+        (`jaxplan.stages.train_one_step.flat_params`): the optimizer state is that of the
+        raveled vector either way (`optax.flatten`), and this class's `apply_gradients` does
+        not look into the params; a subclass that overrides it (APPO: only the model trains,
+        not the target) keeps the tree."""
+        return type(self).apply_gradients is ActorCriticPolicy.apply_gradients
+
     def init(self, key: jax.Array, hparams: Any = None) -> PolicyState:
         """Fresh params and optimizer state. `hparams`: the config's traced hyper-parameters
         (None), an instance of `hparams_class`, or a mapping of some of its fields

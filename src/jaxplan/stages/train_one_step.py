@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 from jaxplan import batch as sb
 from jaxplan import devices
@@ -14,6 +15,7 @@ from jaxplan.batch import LearnerInfo, MultiAgentBatch, SampleBatch, TrainOutput
 from jaxplan.flow import Stage
 from jaxplan.policy import Policy, PolicyState
 from jaxplan.recurrent import sequences_per_minibatch, to_sequences
+from jaxplan.shuffle import random_permutation
 from jaxplan.workers import PlanState, WorkerSet
 
 
@@ -21,10 +23,10 @@ def minibatch_indices(
     key: jax.Array, num_rows: int, minibatch_size: int, *, shuffle: bool = True
 ) -> jax.Array:
     """`[num_rows // minibatch_size, minibatch_size]` distinct row indices for one epoch: a fresh
-    permutation (or the identity without `shuffle`) cut into minibatches; the remainder rows of
-    that permutation are skipped."""
+    permutation (`jaxplan.shuffle.random_permutation`; the identity without `shuffle`) cut
+    into minibatches; the remainder rows of that permutation are skipped."""
     num_minibatches = num_rows // minibatch_size
-    rows = jax.random.permutation(key, num_rows) if shuffle else jnp.arange(num_rows)
+    rows = random_permutation(key, num_rows) if shuffle else jnp.arange(num_rows)
     return rows[: num_minibatches * minibatch_size].reshape(num_minibatches, minibatch_size)
 
 
@@ -86,6 +88,32 @@ def nonfinite_code(
     return jnp.where(skip, jnp.argmax(bad).astype(jnp.int32) + 1, jnp.int32(0))
 
 
+def flat_params(policy: Policy, pstate: PolicyState) -> tuple[PolicyState, Any, Any]:
+    """`(pstate, loss, unflatten)` for the SGD epochs: for a policy whose class sets
+    `flat_params_sgd = True` (its optimizer state does not depend on how the params are split
+    into arrays, e.g. an `optax.flatten` optimizer) and whose params share one float dtype,
+    the params as one vector (`jax.flatten_util.ravel_pytree`), the loss taking that vector
+    and the function that puts the tree back; otherwise all three unchanged.
+
+    The same numbers (the optimizer already ran on the raveled vector), from fewer kernels:
+    the update, the finiteness checks and the skip select of a minibatch step work on one
+    array instead of one per parameter array. PPO's minibatch step at the peers' fixed work
+    on the CPU: ~200 against ~230-250 us (benchmarks/README.md, "Issue 14, 6 December
+    (later)")."""
+    leaves = jax.tree.leaves(pstate.params)
+    dtypes = {x.dtype for x in leaves}
+    if not getattr(policy, "flat_params_sgd", False) or len(dtypes) != 1 or len(leaves) < 2:
+        return pstate, policy.loss, lambda ps: ps
+    if not jnp.issubdtype(dtypes.pop(), jnp.floating):
+        return pstate, policy.loss, lambda ps: ps
+    flat, unravel = ravel_pytree(pstate.params)
+
+    def loss(params, *args, **kwargs):
+        return policy.loss(unravel(params), *args, **kwargs)
+
+    return pstate.replace(params=flat), loss, lambda ps: ps.replace(params=unravel(ps.params))
+
+
 def sgd_epochs(
     policy: Policy,
     pstate: PolicyState,
@@ -120,13 +148,14 @@ def sgd_epochs(
     num_rows = batch_rows(batch)
     on_axis = {} if axis_name is None else {"axis_name": axis_name}
     takes_key = getattr(policy, "loss_takes_key", False)
+    pstate, loss_fn, unflatten = flat_params(policy, pstate)
 
     def minibatch_step(ps, mb):
         kw = on_axis
         if takes_key:  # a loss that samples (SAC): its own key per minibatch
             mb, loss_key = mb
             kw = {**on_axis, "key": loss_key}
-        (loss, stats), grads = jax.value_and_grad(policy.loss, has_aux=True)(
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             devices.varying(ps.params, axis_name), ps.hparams, ps.kl_coeff, mb, **kw
         )  # this device's gradient (see `devices.varying`), averaged next
         per_row = stats.pop(PER_ROW, None)  # this device's rows: gathered, not averaged
@@ -152,6 +181,7 @@ def sgd_epochs(
 
     epoch_keys = jax.random.split(key, num_sgd_iter)
     pstate, (stats, codes) = jax.lax.scan(epoch, pstate, epoch_keys)
+    pstate = unflatten(pstate)
     per_row = stats.pop(PER_ROW, None)
     stats = jax.tree.map(jnp.mean, stats)
     if per_row is not None:
