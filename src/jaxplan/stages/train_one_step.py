@@ -89,9 +89,10 @@ def nonfinite_code(
 
 
 def flat_params(policy: Policy, pstate: PolicyState) -> tuple[PolicyState, Any, Any]:
-    """`(pstate, loss, unflatten)` for the SGD epochs: for a policy whose class sets
-    `flat_params_sgd = True` (its optimizer state does not depend on how the params are split
-    into arrays, e.g. an `optax.flatten` optimizer) and whose params share one float dtype,
+    """`(pstate, loss, unflatten)` for the SGD epochs: for a policy whose `flat_params_sgd`
+    is True (its optimizer state does not depend on how the params are split into arrays, e.g.
+    an `optax.flatten` optimizer, and its `apply_gradients` does not look into them: the
+    actor-critic policies but APPO's) and whose params share one float dtype,
     the params as one vector (`jax.flatten_util.ravel_pytree`), the loss taking that vector
     and the function that puts the tree back; otherwise all three unchanged.
 
