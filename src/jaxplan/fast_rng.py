@@ -64,6 +64,7 @@ def _marked(ctx) -> bool:
     return metadata.get(_MARK) == "unrolled"
 
 
+@functools.cache  # one rule object, however often `unrolled_here` (re)registers it
 def _dispatch_rule(unrolled, rolled):
     """A CPU lowering rule: unrolled for equations traced inside `unrolled_here`, JAX's
     rolled loops for the others."""

@@ -103,9 +103,8 @@ def flat_params(policy: Policy, pstate: PolicyState) -> tuple[PolicyState, Any, 
     (later)")."""
     leaves = jax.tree.leaves(pstate.params)
     dtypes = {x.dtype for x in leaves}
-    if not getattr(policy, "flat_params_sgd", False) or len(dtypes) != 1 or len(leaves) < 2:
-        return pstate, policy.loss, lambda ps: ps
-    if not jnp.issubdtype(dtypes.pop(), jnp.floating):
+    flat_ok = len(leaves) > 1 and len(dtypes) == 1 and jnp.issubdtype(dtypes.pop(), jnp.floating)
+    if not (flat_ok and getattr(policy, "flat_params_sgd", False)):
         return pstate, policy.loss, lambda ps: ps
     flat, unravel = ravel_pytree(pstate.params)
 
