@@ -324,8 +324,10 @@ def main(argv=None) -> int:
             for r in records
         ]
         lines += [
-            {
-                **s,
+            {  # the medians renamed: a line's "jaxplan" is the version (write_jsonl's)
+                **{k: v for k, v in s.items() if k not in ("rejax", "jaxplan")},
+                "median_rejax": s["rejax"],
+                "median_jaxplan": s["jaxplan"],
                 **common,
                 "kind": "summary",
                 "rejax_versions": versions,
