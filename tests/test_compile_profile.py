@@ -55,17 +55,17 @@ def test_summary_takes_medians_and_the_ratio():
 
 def test_a_real_cold_compile_is_read_whole(tmp_path):
     """Two iterations of the fixed-work program (one would be no loop), compiled in a fresh
-    process: every phase is read, the three XLA phases add up to the XLA compile's wall time
-    (what is left is its set-up and the executable's loading), and the kernels counted by
-    loop depth from XLA's dump (a second compile) are the ones its log counted."""
-    row = run_child(sys.executable, "jaxplan", 2048)
+    process with XLA's dump on: every phase is read, the three XLA phases are most of the
+    XLA compile's wall time (what is left: its set-up, the dump's HLO files, the executable's
+    loading), and the kernels counted by loop depth in the dump are the ones the log counted."""
+    row = run_child(sys.executable, "jaxplan", 2048, dump=str(tmp_path))
     assert row["module"] == "jit_train"
     for phase in ("trace_s", "lower_s", "hlo_s", "emit_s", "llvm_s", "xla_s", "kernels"):
         assert row[phase] is not None and row[phase] > 0, phase
     parts = row["hlo_s"] + row["emit_s"] + row["llvm_s"]
-    assert 0.8 * row["xla_s"] <= parts <= row["xla_s"] + 0.05
+    assert 0.75 * row["xla_s"] <= parts <= row["xla_s"] + 0.05
     assert row["total_s"] == pytest.approx(row["trace_s"] + row["lower_s"] + row["xla_s"])
     assert row["kernels"] > 100  # PPO: init, rollout, GAE, epochs, minibatch steps
-    depth = run_child(sys.executable, "jaxplan", 2048, dump=str(tmp_path))["kernels_by_depth"]
+    depth = row["kernels_by_depth"]
     assert {"0", "1", "2", "3"} <= set(depth)  # entry, iterations, epochs/steps, minibatches
     assert sum(depth.values()) == pytest.approx(row["kernels"], abs=5)
