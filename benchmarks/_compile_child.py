@@ -97,9 +97,9 @@ def main(argv=None) -> int:
     if args.dump:
         flags = f"--xla_dump_to={args.dump} --xla_dump_hlo_module_re=.*train.*"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}"
-    import jax
+    from common import warm_up_backend  # stdlib + jax: safe in rejax's venv
 
-    jax.block_until_ready(jax.numpy.zeros(()) + 1)  # the backend's start-up, not billed
+    warm_up_backend()  # the backend's start-up, not billed to the compile
     build = jaxplan_program if args.library == "jaxplan" else rejax_program
     train, key = build(args.steps)
     t0 = time.perf_counter()

@@ -76,6 +76,11 @@ def aot_compile(fn: Callable[..., Any], *args: Any, **jit_kwargs: Any) -> Compil
     return Compiled(compiled, lower_s=t1 - t0, compile_s=t2 - t1)
 
 
+DEFAULT_REJAX_PYTHON = "/work/yard/.venv/bin/python"
+"""The venv with rejax that `yardstick_rejax.py` and `compile_profile.py` run it from (never the
+project's: rejax is not a dependency)."""
+
+
 def warm_up_backend() -> None:
     """Initialises the JAX backend so that its one-time start-up cost is not billed to the
     first measured compile."""

@@ -38,11 +38,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import add_common_args, median, print_table, write_jsonl
+from common import DEFAULT_REJAX_PYTHON, add_common_args, median, print_table, write_jsonl
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_compile_child.py"
-DEFAULT_REJAX_PYTHON = "/work/yard/.venv/bin/python"
 PHASES = ("trace_s", "lower_s", "hlo_s", "emit_s", "llvm_s", "xla_s", "xla_cpu_s", "total_s")
 
 _STAMP = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+)\s+\S+\s+\S+\] (.*)$")

@@ -44,6 +44,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from common import (
+    DEFAULT_REJAX_PYTHON,
     _git_commit,
     add_common_args,
     apply_common_args,
@@ -61,7 +62,6 @@ from jaxplan.seed_devices import seed_mesh, spread_seeds
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_rejax_worker.py"
-DEFAULT_REJAX_PYTHON = "/work/yard/.venv/bin/python"
 NUM_SEEDS_VMAP = 8
 CASES = ("ppo", "ppo_vmap8")
 SETUP_HINT = (
