@@ -20,11 +20,15 @@ counts its kernels by loop depth: 0 the entry (initialisation), 1 the loop over 
 and deeper the loops inside it (rollout steps, SGD epochs, minibatches).
 
 rejax runs in its own venv as in yardstick_rejax.py (`--rejax-python`; without it, jaxplan
-only). Medians over `--rounds`; the ratio is jaxplan / rejax. The log lines are XLA's
-(jaxlib 0.10); a phase that cannot be read is reported as missing, not guessed.
+only). `--baseline DIR` adds a third library, `baseline`: the jaxplan of another checkout
+(`DIR/src`, its own `benchmarks/_compile_child.py`, this venv's packages) compiled in the same
+rounds, for a before/after of a change side by side (`git worktree add /tmp/base HEAD~1`).
+Medians over `--rounds`; the ratio is jaxplan / rejax (and jaxplan / baseline). The log lines
+are XLA's (jaxlib 0.10); a phase that cannot be read is reported as missing, not guessed.
 
     python benchmarks/compile_profile.py                  # ~1 min on 2 CPUs
     python benchmarks/compile_profile.py --rounds 5 --kernels
+    python benchmarks/compile_profile.py --rounds 5 --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -79,14 +83,20 @@ def xla_phases(log: str, module: str) -> dict[str, float | int | None]:
     return {"hlo_s": hlo, "emit_s": emit, "llvm_s": llvm, "kernels": kernels or None}
 
 
-def run_child(python: str, library: str, steps: int, dump: str | None = None) -> dict:
-    cmd = [python, str(CHILD), f"--library={library}", f"--steps={steps}"]
+def run_child(
+    python: str, library: str, steps: int, dump: str | None = None, checkout: Path | None = None
+) -> dict:
+    """One cold compile in a fresh process; `checkout`: the jaxplan of that tree (its `src`
+    and `benchmarks` first on the path) instead of the installed one."""
+    bench = HERE if checkout is None else checkout / "benchmarks"
+    cmd = [python, str(bench / CHILD.name), f"--library={library}", f"--steps={steps}"]
     if dump:
         cmd.append(f"--dump={dump}")
-    env = {**os.environ, "PYTHONPATH": str(HERE), "TF_CPP_MIN_LOG_LEVEL": "0"}
+    path = str(bench) if checkout is None else f"{checkout / 'src'}{os.pathsep}{bench}"
+    env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "0"}
     env["TF_CPP_VMODULE"] = "cpu_compiler=1"
     env.pop("VIRTUAL_ENV", None)
-    proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=bench, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("COMPILE_CHILD ")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.splitlines()[-15:])
@@ -98,8 +108,8 @@ def run_child(python: str, library: str, steps: int, dump: str | None = None) ->
 
 
 def summarize(records: list[dict], libraries: list[str]) -> list[dict]:
-    """One row per phase: each library's median over the rounds (`median_<library>`) and
-    jaxplan / rejax (`ratio`)."""
+    """One row per phase: each library's median over the rounds (`median_<library>`),
+    jaxplan / rejax (`ratio`) and jaxplan / baseline (`ratio_baseline`)."""
     out = []
     for key in (*PHASES, "kernels"):
         row = {"phase": key.removesuffix("_s")}
@@ -109,6 +119,9 @@ def summarize(records: list[dict], libraries: list[str]) -> list[dict]:
         rejax, jaxplan = row.get("median_rejax"), row.get("median_jaxplan")
         if rejax and jaxplan is not None:
             row["ratio"] = jaxplan / rejax
+        baseline = row.get("median_baseline")
+        if baseline and jaxplan is not None:
+            row["ratio_baseline"] = jaxplan / baseline
         out.append(row)
     return out
 
@@ -130,10 +143,21 @@ def main(argv=None) -> int:
         help=f"Python of the venv that has rejax (default {DEFAULT_REJAX_PYTHON}; "
         "missing: jaxplan only)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also compile the jaxplan of this checkout (a git worktree of an earlier commit)",
+    )
     add_common_args(parser)
     args = parser.parse_args(argv)
+    if args.baseline is not None and not (args.baseline / "benchmarks" / CHILD.name).exists():
+        parser.error(f"--baseline {args.baseline}: no benchmarks/{CHILD.name} in that checkout")
     libraries = (["rejax"] if Path(args.rejax_python).exists() else []) + ["jaxplan"]
-    pythons = {"rejax": args.rejax_python, "jaxplan": sys.executable}
+    libraries += ["baseline"] if args.baseline is not None else []
+    pythons = {"rejax": args.rejax_python, "jaxplan": sys.executable, "baseline": sys.executable}
+    checkouts = {"baseline": args.baseline and args.baseline.resolve()}
     print(
         f"# cold compiles of the fixed-work PPO program, {args.steps:,} steps: "
         f"{' then '.join(libraries)}, {args.rounds} round(s)",
@@ -142,7 +166,9 @@ def main(argv=None) -> int:
     records = []
     for rnd in range(args.rounds):
         for lib in libraries:
-            row = {**run_child(pythons[lib], lib, args.steps), "round": rnd}
+            child_lib = "jaxplan" if lib == "baseline" else lib
+            row = run_child(pythons[lib], child_lib, args.steps, checkout=checkouts.get(lib))
+            row = {**row, "library": lib, "round": rnd}
             records.append(row)
             print(
                 f"#   {lib}: total {row['total_s']:.2f} s (xla {row['xla_s']:.2f} s, "
@@ -156,13 +182,17 @@ def main(argv=None) -> int:
     cols = [("phase", "phase", "")] + [(f"{lib} (s)", lib, "") for lib in libraries]
     if "rejax" in libraries:
         cols.append(("jaxplan/rejax", "ratio", ".2f"))
+    if "baseline" in libraries:
+        cols.append(("jaxplan/baseline", "ratio_baseline", ".2f"))
     print()
     print_table(shown, cols)
     depth = {}
     if args.kernels:
         for lib in libraries:
+            child_lib = "jaxplan" if lib == "baseline" else lib
             with tempfile.TemporaryDirectory() as d:
-                depth[lib] = run_child(pythons[lib], lib, args.steps, dump=d)["kernels_by_depth"]
+                row = run_child(pythons[lib], child_lib, args.steps, d, checkouts.get(lib))
+                depth[lib] = row["kernels_by_depth"]
             print(f"# {lib} kernels by loop depth: {depth[lib]}")
     if not args.no_write:
         lines = [{**r, "kind": "measurement"} for r in records]

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from compile_profile import run_child, summarize, xla_phases  # noqa: E402
+from compile_profile import main, run_child, summarize, xla_phases  # noqa: E402
 
 LOG = """\
 I1206 15:51:40.333538 2631 cpu_compiler.cc:1] Running HLO passes on [jit_add] for CPU time: 1.3 ms
@@ -51,6 +51,25 @@ def test_summary_takes_medians_and_the_ratio():
     assert rows["total"]["ratio"] == pytest.approx(3.3 / 2.5)
     assert rows["kernels"]["ratio"] == pytest.approx(1.5)
     assert rows["trace"]["median_jaxplan"] is None and "ratio" not in rows["trace"]
+    assert "ratio_baseline" not in rows["total"]
+
+
+def test_summary_compares_with_a_baseline_checkout():
+    records = [{"library": "jaxplan", "total_s": t, "kernels": 290} for t in (3.0, 3.3)] + [
+        {"library": "baseline", "total_s": t, "kernels": 320} for t in (3.5, 4.0, 4.5)
+    ]
+    rows = {r["phase"]: r for r in summarize(records, ["jaxplan", "baseline"])}
+    assert rows["total"]["median_baseline"] == 4.0 and rows["total"]["median_jaxplan"] == 3.15
+    assert rows["total"]["ratio_baseline"] == pytest.approx(3.15 / 4.0)
+    assert rows["kernels"]["ratio_baseline"] == pytest.approx(290 / 320)
+    assert "ratio" not in rows["total"]  # no rejax in these rounds
+
+
+def test_a_baseline_must_be_a_checkout_with_the_compile_child(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--baseline", str(tmp_path), "--no-write"])
+    assert exit_info.value.code == 2
+    assert f"--baseline {tmp_path}: no benchmarks/_compile_child.py" in capsys.readouterr().err
 
 
 def test_a_real_cold_compile_is_read_whole(tmp_path):
