@@ -34,6 +34,7 @@ are ready (`lax.cond`), else leaves the state as it is and yields an item of zer
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -355,7 +356,24 @@ class Plan:
 
     def init(self, key: jax.Array, hparams: dict[str, Any] | None = None) -> PlanState:
         """Fresh `PlanState` with every stage's own state, laid out on the workers' mesh if
-        there is one. `hparams`: see `WorkerSet.init`."""
+        there is one. `hparams`: see `WorkerSet.init`.
+
+        Called on concrete values it runs as one compiled program (cached per plan without
+        `hparams`): run op by op, its hundreds of small ops would each be dispatched and
+        compiled on their own, about twice the time of one compile. Under a trace (`jit`,
+        `vmap`, `eval_shape`) it is traced into the caller's program as it is."""
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, hparams))):
+            return self._init(key, hparams)
+        if hparams is None:
+            return self._compiled_init(key)
+        # the values stay Python's, so a bad one is named in the error as the user wrote it
+        return jax.jit(lambda k: self._init(k, hparams))(key)
+
+    @functools.cached_property
+    def _compiled_init(self) -> Callable[[jax.Array], PlanState]:
+        return jax.jit(self._init)
+
+    def _init(self, key: jax.Array, hparams: dict[str, Any] | None = None) -> PlanState:
         state = self.flow.init(self.workers.init(key, hparams))
         return self.workers.place(state, self.state_specs(state))
 
