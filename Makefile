@@ -16,10 +16,12 @@ $(STAMP): pyproject.toml constraints.txt
 train: $(STAMP)
 	$(BIN)/jaxplan train ppo --env CartPole-v1 --stop-reward 475 --output runs/ppo-cartpole
 
-## test: the whole test suite (what CI runs)
+## test: the whole test suite (what CI runs). --dist loadfile: a module's tests on one worker, so
+## a module-scoped fixture (a subprocess of fake devices, a trained run) runs once, not once per
+## worker (pytest-xdist 3.8's loadgroup does not group under pytest 9.2)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 ## strip-notebooks: remove outputs and metadata noise (tests/test_notebooks.py checks it)
 strip-notebooks: $(STAMP)

@@ -133,9 +133,9 @@ for micro in (None, 32):
     params = []
     for n in (0, 2):
         plan = a2c_plan({**small, "microbatch_size": micro, "num_devices": n, "_fake_gpus": True})
-        state = plan.init(jax.random.PRNGKey(1))
+        state, step = plan.init(jax.random.PRNGKey(1)), jax.jit(plan.step)
         for _ in range(2):
-            state, _ = jax.jit(plan.step)(state)
+            state, _ = step(state)
         params.append(jax.device_get(state.policies["default_policy"].params))
     d = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), *params)
     out[str(micro)] = max(jax.tree.leaves(d))
