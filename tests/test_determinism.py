@@ -98,15 +98,17 @@ def test_compiled_init_is_the_runners_init(plan):
     traced = jax.jit(lambda k, h: plan.init(k, h))
     with jax.disable_jit():
         eager = plan.init(key)
-    for got, want in ((plan.init(key), traced(key, None)), (plan.init(key, hp), traced(key, hp))):
+
+    def assert_close(got, want):
         assert jax.tree.structure(got) == jax.tree.structure(want)
         for a, b in zip(_leaves(got), _leaves(want), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=2e-7)
-    for a, b in zip(_leaves(plan.init(key)), _leaves(eager), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=2e-7)
+
+    assert_close(plan.init(key), traced(key, None))
+    assert_close(plan.init(key, hp), traced(key, hp))
+    assert_close(plan.init(key), eager)
     assert plan.init(key, hp).policies["default_policy"].hparams.lr == np.float32(1e-3)
     batched = jax.vmap(plan.init)(jnp.stack([key, key]))  # traced inline under vmap
-    for a, b in zip(_leaves(batched), _leaves(plan.init(key)), strict=True):
-        np.testing.assert_allclose(a[1], b, rtol=1e-6, atol=2e-7)
+    assert_close(jax.tree.map(lambda x: x[1], batched), plan.init(key))
     with pytest.raises(ValueError, match="'lr' = 'x': expected a number"):
         plan.init(key, {"default_policy": {"lr": "x"}})
